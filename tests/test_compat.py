@@ -1,0 +1,57 @@
+"""Static target scan on the installed vLLM and on synthetic source trees."""
+
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_memfix import compat, fixes
+from vllm_xpu_memfix.cli import main
+
+
+@pytest.fixture
+def vllm_root() -> Path:
+    root = compat.installed_vllm_root()
+    if root is None:
+        pytest.skip("vLLM is not installed")
+    return root
+
+
+def test_every_shipped_patch_target_exists_in_the_test_bed(vllm_root):
+    for patch in fixes.all_patches():
+        assert compat.target_status(vllm_root, patch.target) == compat.PRESENT, patch.target
+
+
+def test_missing_module_and_attribute_are_named(vllm_root):
+    assert (
+        compat.target_status(vllm_root, "vllm.no_such_module:f")
+        == "missing: module vllm.no_such_module"
+    )
+    assert (
+        compat.target_status(vllm_root, "vllm.v1.worker.gpu_worker:Worker.no_such_method")
+        == "missing: Worker.no_such_method"
+    )
+
+
+def test_module_attributes_bound_by_import_count_as_present(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(
+        "from other import qwen_warmup\nLIMIT: int = 3\nclass A:\n    def f(self): ...\n    x = 1\n"
+    )
+    for target in ("pkg.mod:qwen_warmup", "pkg.mod:LIMIT", "pkg.mod:A.f", "pkg.mod:A.x"):
+        assert compat.target_status(tmp_path, target) == compat.PRESENT, target
+    assert compat.target_status(tmp_path, "pkg.mod:A.g") == "missing: A.g"
+
+
+def test_check_prints_each_fix_with_switch_and_status(vllm_root, capsys, clean_env):
+    assert main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "VLLM_XPU_MEMFIX_LEDGER" in out
+    assert "vllm.v1.worker.gpu_worker:Worker.load_model  present" in out
+
+
+def test_check_strict_fails_on_a_tree_without_the_targets(tmp_path, capsys, clean_env):
+    (tmp_path / "vllm").mkdir()
+    assert main(["check", "--source", str(tmp_path), "--strict"]) == 1
+    assert "missing: module vllm.v1.worker.gpu_worker" in capsys.readouterr().out

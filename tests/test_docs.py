@@ -1,0 +1,33 @@
+"""The README documents every switch the code reads, with its values and default."""
+
+import re
+from pathlib import Path
+
+from vllm_xpu_memfix import config
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def _row(variable: str) -> list[str]:
+    for line in README.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == f"`{variable}`":
+            return cells
+    raise AssertionError(f"{variable} has no row in the README switch table")
+
+
+def test_every_variable_has_a_row_with_its_default_and_values():
+    for variable in config.VARIABLES:
+        _name, values, default, effect = _row(variable.name)
+        assert default.startswith(f"`{variable.default}`"), variable.name
+        for value in re.split(r"[,/]\s*", variable.accepted):
+            assert f"`{value.strip()}`" in values, (variable.name, value)
+        assert effect
+
+
+def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
+    first_block = README.split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in first_block.strip().splitlines()]
+    assert commands == ["make demo", "make test"]
+    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert ci.strip().splitlines()[-1] == "make test"

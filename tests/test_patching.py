@@ -1,0 +1,114 @@
+"""The patch framework against real modules imported from disk."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_memfix.patching import Patch, Patcher, State
+
+SOURCE = textwrap.dedent(
+    """
+    imported = True
+
+    class Base:
+        def load(self, x):
+            return ("base", x)
+
+    class Child(Base):
+        pass
+
+    def helper(x):
+        return x + 1
+    """
+)
+
+
+@pytest.fixture
+def fake_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Name of a module on disk that is not imported yet."""
+    name = f"memfix_fake_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def tagging(tag: str):
+    def wrapper(wrapped, instance, args, kwargs):
+        return (tag, wrapped(*args, **kwargs))
+
+    return wrapper
+
+
+def test_patch_waits_for_import_then_applies(fake_module):
+    patcher = Patcher()
+    patch = Patch("demo", f"{fake_module}:helper", tagging("wrapped"))
+    patcher.install(patch)
+    assert fake_module not in sys.modules, "installing a patch must not import its module"
+    assert patcher.state(patch.target)[0] is State.WAITING
+
+    module = importlib.import_module(fake_module)
+    assert patcher.state(patch.target)[0] is State.APPLIED
+    assert module.helper(1) == ("wrapped", 2)
+
+
+def test_patch_applies_at_once_to_an_imported_module(fake_module):
+    module = importlib.import_module(fake_module)
+    patcher = Patcher()
+    patcher.install(Patch("demo", f"{fake_module}:Base.load", tagging("wrapped")))
+    assert module.Base().load(3) == ("wrapped", ("base", 3))
+    assert module.Child().load(4) == ("wrapped", ("base", 4)), "subclasses inherit the wrapper"
+
+
+def test_a_target_is_never_wrapped_twice(fake_module):
+    module = importlib.import_module(fake_module)
+    first, second = Patcher(), Patcher()
+    first.install(Patch("demo", f"{fake_module}:helper", tagging("one")))
+    first.install(Patch("demo", f"{fake_module}:helper", tagging("again")))
+    second.install(Patch("demo", f"{fake_module}:helper", tagging("two")))
+    assert module.helper(1) == ("one", 2)
+    state, reason = second.state(f"{fake_module}:helper")
+    assert state is State.SKIPPED and "already wrapped" in reason
+
+
+def test_missing_attribute_is_skipped_with_one_warning(fake_module, caplog):
+    importlib.import_module(fake_module)
+    patcher = Patcher()
+    target = f"{fake_module}:Base.no_such_method"
+    with caplog.at_level(logging.WARNING):
+        patcher.install(Patch("demo", target, tagging("x")))
+    assert patcher.state(target)[0] is State.SKIPPED
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert target in warnings[0] and "fix demo skipped" in warnings[0] and "vLLM" in warnings[0]
+
+
+def test_revert_restores_the_original(fake_module):
+    module = importlib.import_module(fake_module)
+    original = module.helper
+    patcher = Patcher()
+    patcher.install(Patch("demo", f"{fake_module}:helper", tagging("wrapped")))
+    assert module.helper is not original
+    patcher.revert_all()
+    assert module.helper is original
+    assert patcher.state(f"{fake_module}:helper")[0] is State.REVERTED
+
+
+def test_revert_of_an_inherited_method_leaves_the_subclass_as_it_was(fake_module):
+    module = importlib.import_module(fake_module)
+    patcher = Patcher()
+    target = f"{fake_module}:Child.load"
+    patcher.install(Patch("demo", target, tagging("child")))
+    assert "load" in vars(module.Child)
+    assert module.Child().load(1) == ("child", ("base", 1))
+    assert module.Base().load(1) == ("base", 1)
+    patcher.revert(target)
+    assert "load" not in vars(module.Child)
+    assert module.Child().load(1) == ("base", 1)

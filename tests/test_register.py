@@ -1,0 +1,125 @@
+"""register() in fresh interpreters: cost, idempotence, switches, vLLM's env table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import vllm_xpu_memfix
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_MEMFIX")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _measure_register(preload: str) -> dict:
+    result = run_python(
+        f"""
+        import json, sys, time
+        {preload}
+        before = set(sys.modules)
+        t0 = time.perf_counter()
+        import vllm_xpu_memfix
+        vllm_xpu_memfix.register()
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        added = sorted(m for m in set(sys.modules) - before
+                       if m.split(".")[0] in ("torch", "vllm"))
+        print(json.dumps({{"ms": elapsed_ms, "heavy_imports": added}}))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_register_costs_under_50_ms_inside_vllm_and_imports_nothing_of_it():
+    """Measured where vLLM calls it: after ``vllm.plugins`` (and with it torch) is loaded."""
+    pytest.importorskip("vllm")
+    cost = _measure_register("import vllm.plugins")
+    print(f"import + register() inside a vLLM process: {cost['ms']:.1f} ms")
+    assert cost["heavy_imports"] == []
+    assert cost["ms"] < 50
+
+
+def test_register_in_a_bare_interpreter_imports_neither_torch_nor_vllm():
+    cost = _measure_register("")
+    print(f"import + register() in a bare interpreter: {cost['ms']:.1f} ms")
+    assert cost["heavy_imports"] == []
+
+
+def test_register_logs_one_line_however_often_it_is_called():
+    result = run_python("import vllm_xpu_memfix as m; m.register(); m.register(); m.register()")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "registered" in line]
+    assert len(lines) == 1
+    assert f"vllm-xpu-memfix {vllm_xpu_memfix.__version__}" in lines[0]
+    assert "pid=" in lines[0] and "fixes on: ledger" in lines[0]
+
+
+def test_master_switch_off_patches_nothing():
+    result = run_python(
+        """
+        import vllm_xpu_memfix as m
+        m.register()
+        print(len(m.PATCHER.states()))
+        """,
+        env={"VLLM_XPU_MEMFIX": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
+    assert "disabled by VLLM_XPU_MEMFIX=0" in result.stderr
+    assert "registered" not in result.stderr
+
+
+def test_switching_a_fix_off_leaves_its_targets_alone():
+    result = run_python(
+        """
+        import vllm_xpu_memfix as m
+        m.register()
+        print(sorted(fix for fix, _, _ in m.PATCHER.states().values()))
+        """,
+        env={"VLLM_XPU_MEMFIX_LEDGER": "off"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert "off: ledger" in result.stderr
+
+
+def test_invalid_switch_stops_registration_with_a_clear_error():
+    result = run_python(
+        "import vllm_xpu_memfix as m; m.register()", env={"VLLM_XPU_MEMFIX_LEDGER": "yes please"}
+    )
+    assert result.returncode != 0
+    assert (
+        "ConfigError: VLLM_XPU_MEMFIX_LEDGER='yes please' is not valid; "
+        "accepted values: auto, on, off" in result.stderr
+    )
+
+
+def test_vllm_knows_the_plugin_variables_after_registration():
+    pytest.importorskip("vllm")
+    result = run_python(
+        """
+        import vllm.envs as envs
+        from vllm.platforms.interface import Platform
+        assert "VLLM_XPU_MEMFIX_LEDGER" not in envs.environment_variables
+        import vllm_xpu_memfix
+        vllm_xpu_memfix.register()
+        Platform.validate_environ(hard_fail=True)  # raises on an unknown VLLM_* variable
+        print(envs.VLLM_XPU_MEMFIX_LEDGER, envs.VLLM_XPU_MEMFIX)
+        """,
+        env={"VLLM_XPU_MEMFIX_LEDGER": "on"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["on", "1"]

@@ -1,0 +1,74 @@
+"""vllm-xpu-memfix: keeps vLLM start-up on Intel GPUs inside host and device memory.
+
+vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in
+every process it starts. It must stay cheap: no torch or vLLM import here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from vllm_xpu_memfix import config, fixes
+from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.patching import Patch, Patcher
+from vllm_xpu_memfix.process import current_role
+
+__version__ = "0.1.0"
+
+PATCHER = Patcher()
+_registered = False
+
+
+def register() -> None:
+    """Entry point for ``vllm.general_plugins``. Idempotent.
+
+    Raises :class:`config.ConfigError` on an invalid switch value, which stops
+    vLLM's start-up with a message naming the variable.
+    """
+    global _registered
+    if _registered:
+        return
+    settings = config.load()
+    config.announce_to_vllm()
+    _registered = True
+    where = f"pid={os.getpid()} role={current_role()}"
+    if not settings.enabled:
+        _log_once_configured(
+            f"vllm-xpu-memfix {__version__} disabled by {config.MASTER.name}=0 ({where})"
+        )
+        return
+    for patch in fixes.patches_for(settings):
+        PATCHER.install(patch)
+    enabled = [f.key for f in config.FIXES if settings.requested(f.key)]
+    disabled = [f.key for f in config.FIXES if not settings.requested(f.key)]
+    _log_once_configured(
+        f"vllm-xpu-memfix {__version__} registered ({where}): "
+        f"fixes on: {', '.join(enabled) or 'none'}; off: {', '.join(disabled) or 'none'}"
+    )
+
+
+def _log_once_configured(line: str) -> None:
+    """Log ``line`` now, or right after vLLM configures logging if it has not yet.
+
+    The API server loads plugins while it builds its argument parser, before
+    ``vllm.logger.configure_logging`` runs; an INFO line logged then is lost.
+    """
+    if "vllm.logger" not in sys.modules or logging.getLogger("vllm").handlers:
+        get_logger().info(line)
+        return
+
+    def log_after(
+        wrapped: Any, _instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        result = wrapped(*args, **kwargs)
+        PATCHER.revert(_DEFERRED_LOG_TARGET)
+        get_logger().info(line)
+        return result
+
+    PATCHER.install(Patch("plugin", _DEFERRED_LOG_TARGET, log_after))
+
+
+_DEFERRED_LOG_TARGET = "vllm.logger:configure_logging"

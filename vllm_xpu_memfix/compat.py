@@ -1,0 +1,61 @@
+"""Static check of patch targets against a vLLM source tree, importing nothing.
+
+Reads the ``.py`` files with :mod:`ast`, so it works on the installed vLLM
+without starting torch, and on any unpacked vLLM wheel or checkout.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+PRESENT = "present"
+
+
+def installed_vllm_root() -> Path | None:
+    """The directory that holds the installed ``vllm`` package, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _names_bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    names: dict[str, ast.AST] = {}
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names[target.id] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = node
+    return names
+
+
+def target_status(root: Path, target: str) -> str:
+    """``present``, or ``missing: <what>`` for a ``module:Attr.path`` target."""
+    module, _, attr_path = target.partition(":")
+    path = _module_file(root, module)
+    if path is None:
+        return f"missing: module {module}"
+    body: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8"), str(path)).body
+    for depth, part in enumerate(attr_path.split(".")):
+        node = _names_bound(body).get(part)
+        if node is None:
+            return f"missing: {'.'.join(attr_path.split('.')[: depth + 1])}"
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return PRESENT

@@ -1,0 +1,145 @@
+"""The one reader of the plugin's environment variables.
+
+Every other module receives a :class:`Settings` object. The tables below are
+the single source for the switch names, their accepted values and defaults; the
+README table, ``vllm-xpu-memfix check`` and the registration with vLLM's own
+environment table are all generated from them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+PREFIX = "VLLM_XPU_MEMFIX"
+
+
+class ConfigError(ValueError):
+    """A ``VLLM_XPU_MEMFIX*`` variable holds a value the plugin does not accept."""
+
+
+class Mode(str, Enum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One fix of the plugin, switched by ``VLLM_XPU_MEMFIX_<KEY>``."""
+
+    key: str
+    summary: str
+    auto_means: str
+
+    @property
+    def env(self) -> str:
+        return f"{PREFIX}_{self.key.upper()}"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A plugin setting that is not a fix switch."""
+
+    name: str
+    default: str
+    accepted: str
+    doc: str
+
+
+FIXES: tuple[Fix, ...] = (
+    Fix(
+        key="ledger",
+        summary="Per-rank record of host memory and wall time at each start-up phase.",
+        auto_means="on",
+    ),
+)
+
+_TRUE = ("1", "on", "true", "yes")
+_FALSE = ("0", "off", "false", "no")
+
+MASTER = Variable(
+    name=PREFIX,
+    default="1",
+    accepted="1, on, true, yes / 0, off, false, no",
+    doc="Master switch. 0 patches nothing and logs one line saying the plugin is disabled.",
+)
+
+VARIABLES: tuple[Variable, ...] = (
+    MASTER,
+    *(
+        Variable(
+            name=fix.env,
+            default=Mode.AUTO.value,
+            accepted=", ".join(m.value for m in Mode),
+            doc=f"{fix.summary} auto: {fix.auto_means}.",
+        )
+        for fix in FIXES
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    enabled: bool
+    modes: Mapping[str, Mode]
+
+    def mode(self, fix_key: str) -> Mode:
+        return self.modes[fix_key]
+
+    def requested(self, fix_key: str) -> bool:
+        """Whether the user left the fix on (``auto`` or ``on``) and the plugin is enabled."""
+        return self.enabled and self.modes[fix_key] is not Mode.OFF
+
+
+def _invalid(name: str, value: str, accepted: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r} is not valid; accepted values: {accepted}")
+
+
+def _parse_master(environ: Mapping[str, str]) -> bool:
+    raw = environ.get(MASTER.name, MASTER.default)
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise _invalid(MASTER.name, raw, MASTER.accepted)
+
+
+def _parse_mode(fix: Fix, environ: Mapping[str, str]) -> Mode:
+    raw = environ.get(fix.env, Mode.AUTO.value)
+    try:
+        return Mode(raw.strip().lower())
+    except ValueError:
+        raise _invalid(fix.env, raw, ", ".join(m.value for m in Mode)) from None
+
+
+def load(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate every plugin variable. Raises :class:`ConfigError` on bad input."""
+    env = os.environ if environ is None else environ
+    return Settings(
+        enabled=_parse_master(env),
+        modes={fix.key: _parse_mode(fix, env) for fix in FIXES},
+    )
+
+
+def announce_to_vllm() -> None:
+    """Add the plugin's variables to vLLM's environment table.
+
+    vLLM warns about every ``VLLM_*`` variable missing from
+    ``vllm.envs.environment_variables``. Versions without that table are left
+    alone. Note that vLLM hashes the known variables into its torch.compile
+    cache key, so changing a plugin switch also starts a fresh compile cache.
+    """
+    envs = sys.modules.get("vllm.envs")
+    table = getattr(envs, "environment_variables", None)
+    if not isinstance(table, dict):
+        return
+    for variable in VARIABLES:
+        table.setdefault(
+            variable.name, functools.partial(os.environ.get, variable.name, variable.default)
+        )

@@ -1,0 +1,23 @@
+"""The fixes, one module each. Each module opens with its record:
+Problem / Mechanism / Targets / Switch / Upstream."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from vllm_xpu_memfix.config import FIXES, Settings
+from vllm_xpu_memfix.fixes import ledger
+from vllm_xpu_memfix.patching import Patch
+
+MODULES: dict[str, ModuleType] = {module.KEY: module for module in (ledger,)}
+
+assert set(MODULES) == {fix.key for fix in FIXES}, "config.FIXES and fixes.MODULES disagree"
+
+
+def patches_for(settings: Settings) -> list[Patch]:
+    """The patches of every fix the user has not switched off."""
+    return [p for key, module in MODULES.items() if settings.requested(key) for p in module.PATCHES]
+
+
+def all_patches() -> list[Patch]:
+    return [p for module in MODULES.values() for p in module.PATCHES]
