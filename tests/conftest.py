@@ -16,6 +16,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vllm_xpu_memfix.demo.tiny_model import SMALL, make_model
+
+    return make_model(tmp_path_factory.mktemp("small-model"), SMALL)
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No plugin variable from the developer's shell leaks into a test."""

@@ -48,7 +48,15 @@ def test_check_prints_each_fix_with_switch_and_status(vllm_root, capsys, clean_e
     assert main(["check"]) == 0
     out = capsys.readouterr().out
     assert "VLLM_XPU_MEMFIX_LEDGER" in out
-    assert "vllm.v1.worker.gpu_worker:Worker.load_model  present" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("ledger ")]
+    assert len(rows) == len(fixes.MODULES["ledger"].PATCHES)
+    assert [
+        "ledger",
+        "VLLM_XPU_MEMFIX_LEDGER",
+        "auto",
+        "vllm.v1.worker.gpu_worker:Worker.load_model",
+        "present",
+    ] in rows
 
 
 def test_check_strict_fails_on_a_tree_without_the_targets(tmp_path, capsys, clean_env):

@@ -52,10 +52,10 @@ def test_patch_waits_for_import_then_applies(fake_module):
     patch = Patch("demo", f"{fake_module}:helper", tagging("wrapped"))
     patcher.install(patch)
     assert fake_module not in sys.modules, "installing a patch must not import its module"
-    assert patcher.state(patch.target)[0] is State.WAITING
+    assert patcher.state(patch.key)[0] is State.WAITING
 
     module = importlib.import_module(fake_module)
-    assert patcher.state(patch.target)[0] is State.APPLIED
+    assert patcher.state(patch.key)[0] is State.APPLIED
     assert module.helper(1) == ("wrapped", 2)
 
 
@@ -74,7 +74,7 @@ def test_a_target_is_never_wrapped_twice(fake_module):
     first.install(Patch("demo", f"{fake_module}:helper", tagging("again")))
     second.install(Patch("demo", f"{fake_module}:helper", tagging("two")))
     assert module.helper(1) == ("one", 2)
-    state, reason = second.state(f"{fake_module}:helper")
+    state, reason = second.state(("demo", f"{fake_module}:helper"))
     assert state is State.SKIPPED and "already wrapped" in reason
 
 
@@ -84,7 +84,7 @@ def test_missing_attribute_is_skipped_with_one_warning(fake_module, caplog):
     target = f"{fake_module}:Base.no_such_method"
     with caplog.at_level(logging.WARNING):
         patcher.install(Patch("demo", target, tagging("x")))
-    assert patcher.state(target)[0] is State.SKIPPED
+    assert patcher.state(("demo", target))[0] is State.SKIPPED
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert target in warnings[0] and "fix demo skipped" in warnings[0] and "vLLM" in warnings[0]
@@ -98,7 +98,7 @@ def test_revert_restores_the_original(fake_module):
     assert module.helper is not original
     patcher.revert_all()
     assert module.helper is original
-    assert patcher.state(f"{fake_module}:helper")[0] is State.REVERTED
+    assert patcher.state(("demo", f"{fake_module}:helper"))[0] is State.REVERTED
 
 
 def test_revert_of_an_inherited_method_leaves_the_subclass_as_it_was(fake_module):
@@ -109,6 +109,36 @@ def test_revert_of_an_inherited_method_leaves_the_subclass_as_it_was(fake_module
     assert "load" in vars(module.Child)
     assert module.Child().load(1) == ("child", ("base", 1))
     assert module.Base().load(1) == ("base", 1)
-    patcher.revert(target)
+    patcher.revert(("demo", target))
     assert "load" not in vars(module.Child)
     assert module.Child().load(1) == ("base", 1)
+
+
+def test_patches_of_two_fixes_stack_and_revert_in_reverse(fake_module):
+    module = importlib.import_module(fake_module)
+    original = module.helper
+    patcher = Patcher()
+    patcher.install(Patch("inner", f"{fake_module}:helper", tagging("inner")))
+    patcher.install(Patch("outer", f"{fake_module}:helper", tagging("outer")))
+    assert module.helper(1) == ("outer", ("inner", 2))
+    patcher.revert(("inner", f"{fake_module}:helper"))
+    assert module.helper(1) == ("outer", ("inner", 2)), "an inner wrapper is not torn out"
+    patcher.revert_all()
+    assert module.helper is original
+
+
+def test_once_patch_runs_for_the_first_call_only(fake_module):
+    module = importlib.import_module(fake_module)
+    calls = []
+
+    def count(wrapped, instance, args, kwargs):
+        calls.append(args)
+        return wrapped(*args, **kwargs)
+
+    patcher = Patcher()
+    patcher.install(Patch("demo", f"{fake_module}:Base.load", count, once=True))
+    obj = module.Base()
+    assert obj.load(1) == ("base", 1)
+    assert obj.load(2) == ("base", 2)
+    assert calls == [(1,)]
+    assert "load" in vars(module.Base) and not hasattr(vars(module.Base)["load"], "_self_patch_key")

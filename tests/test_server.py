@@ -3,9 +3,13 @@ entry point in real API-server, EngineCore and worker processes."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+
+from vllm_xpu_memfix.demo.tiny_model import parameter_bytes
+from vllm_xpu_memfix.memory.ledger import PHASES, PSS_PHASES
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.server
@@ -13,24 +17,53 @@ pytestmark = pytest.mark.server
 REGISTERED = re.compile(r"vllm-xpu-memfix \S+ registered \(pid=(\d+) role=([\w-]+)\)")
 
 
-def test_plugin_loads_in_every_process_and_server_still_serves(serve, tiny_model):
-    server = serve(tiny_model, env={"VLLM_XPU_MEMFIX_LEDGER": "on"})
+def test_plugin_loads_in_every_process_and_server_still_serves(serve, small_model, tmp_path):
+    ledger_dir = tmp_path / "ledger"
+    server = serve(
+        small_model,
+        env={"VLLM_XPU_MEMFIX_LEDGER": "on", "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)},
+    )
     server.wait_ready()
     completion = server.complete("Hello, how are you", max_tokens=4)
-    assert completion["choices"][0]["text"] != "" or completion["usage"]["completion_tokens"] > 0
+    assert completion["usage"]["completion_tokens"] > 0
     chat = server.chat("Hi", max_tokens=4)
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert chat["usage"]["completion_tokens"] > 0
 
     log = server.log_text()
-    registrations = {pid: role for pid, role in REGISTERED.findall(log)}
-    roles = set(registrations.values())
+    registrations = dict(REGISTERED.findall(log))
     assert len(registrations) >= 3, log
-    assert {"main", "engine_core", "worker-0"} <= roles
+    assert {"main", "engine_core", "worker-0"} <= set(registrations.values())
     assert re.search(r"vllm-xpu-memfix: rank 0 load_model took \d+\.\d+ s", log), (
-        "built-in patch ran in the worker"
+        "patch ran in worker"
     )
     assert "Unknown vLLM environment variable detected: VLLM_XPU_MEMFIX" not in log
+
+    # The ledger: a table with every phase, then the attribution line, from the worker.
+    table_at = log.index("vllm-xpu-memfix: host-memory ledger, rank 0 (worker-0), MiB")
+    table = log[table_at:].splitlines()[1 : 2 + len(PHASES)]
+    assert [line.split("] ", 1)[1].split("  ")[0] for line in table[1:]] == list(PHASES)
+    assert re.search(
+        r"rank 0 attribution since process start: anon \+[\d,]+ MiB.*likely cause: ", log
+    )
+
+    worker_pid = next(pid for pid, role in registrations.items() if role == "worker-0")
+    by_pid = {}
+    for path in ledger_dir.glob("ledger-*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        by_pid[rows[0]["pid"]] = rows
+    assert set(map(int, registrations)) <= set(by_pid), "every process writes its JSON lines"
+    worker = {row["phase"]: row for row in by_pid[int(worker_pid)]}
+    assert [row["phase"] for row in by_pid[int(worker_pid)]] == list(PHASES)
+    weights = parameter_bytes(small_model)
+    assert worker["weights processed"]["rss_anon"] - worker["process start"]["rss_anon"] >= weights
+    assert worker["KV cache sized"]["kv_cache_bytes"] == 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1
+    assert worker["KV cache allocated"]["rss_anon"] - worker["KV cache sized"][
+        "rss_anon"
+    ] >= 0.9 * (1 << 30)
+    costs = {row["phase"]: row["ledger_cost_s"] for row in by_pid[int(worker_pid)]}
+    cheap = [cost for phase, cost in costs.items() if phase not in PSS_PHASES]
+    assert max(cheap) < 0.01, f"ledger cost per phase (s): {costs}"
 
 
 def test_master_switch_off_applies_no_patch(serve, tiny_model):

@@ -42,6 +42,7 @@ def register() -> None:
         return
     for patch in fixes.patches_for(settings):
         PATCHER.install(patch)
+    fixes.activate(settings)
     enabled = [f.key for f in config.FIXES if settings.requested(f.key)]
     disabled = [f.key for f in config.FIXES if not settings.requested(f.key)]
     _log_once_configured(
@@ -64,11 +65,7 @@ def _log_once_configured(line: str) -> None:
         wrapped: Any, _instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         result = wrapped(*args, **kwargs)
-        PATCHER.revert(_DEFERRED_LOG_TARGET)
         get_logger().info(line)
         return result
 
-    PATCHER.install(Patch("plugin", _DEFERRED_LOG_TARGET, log_after))
-
-
-_DEFERRED_LOG_TARGET = "vllm.logger:configure_logging"
+    PATCHER.install(Patch("plugin", "vllm.logger:configure_logging", log_after, once=True))

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 PREFIX = "VLLM_XPU_MEMFIX"
 
@@ -43,12 +44,13 @@ class Fix:
 
 @dataclass(frozen=True)
 class Variable:
-    """A plugin setting that is not a fix switch."""
+    """A plugin setting: the master switch, a fix switch or a parameter of a fix."""
 
     name: str
     default: str
     accepted: str
     doc: str
+    choices: tuple[str, ...] = ()
 
 
 FIXES: tuple[Fix, ...] = (
@@ -67,6 +69,14 @@ MASTER = Variable(
     default="1",
     accepted="1, on, true, yes / 0, off, false, no",
     doc="Master switch. 0 patches nothing and logs one line saying the plugin is disabled.",
+    choices=_TRUE + _FALSE,
+)
+LEDGER_DIR = Variable(
+    name=f"{PREFIX}_LEDGER_DIR",
+    default="",
+    accepted="a directory (created if missing)",
+    doc="Every vLLM process appends its ledger phases as JSON lines to "
+    "<dir>/ledger-<hostname>-<pid>.jsonl.",
 )
 
 VARIABLES: tuple[Variable, ...] = (
@@ -77,9 +87,11 @@ VARIABLES: tuple[Variable, ...] = (
             default=Mode.AUTO.value,
             accepted=", ".join(m.value for m in Mode),
             doc=f"{fix.summary} auto: {fix.auto_means}.",
+            choices=tuple(m.value for m in Mode),
         )
         for fix in FIXES
     ),
+    LEDGER_DIR,
 )
 
 
@@ -87,6 +99,7 @@ VARIABLES: tuple[Variable, ...] = (
 class Settings:
     enabled: bool
     modes: Mapping[str, Mode]
+    ledger_dir: Path | None = None
 
     def mode(self, fix_key: str) -> Mode:
         return self.modes[fix_key]
@@ -118,12 +131,23 @@ def _parse_mode(fix: Fix, environ: Mapping[str, str]) -> Mode:
         raise _invalid(fix.env, raw, ", ".join(m.value for m in Mode)) from None
 
 
+def _parse_directory(variable: Variable, environ: Mapping[str, str]) -> Path | None:
+    raw = environ.get(variable.name, variable.default)
+    if not raw.strip():
+        return None
+    path = Path(raw).expanduser()
+    if path.exists() and not path.is_dir():
+        raise _invalid(variable.name, raw, f"{variable.accepted}; this path is not a directory")
+    return path
+
+
 def load(environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every plugin variable. Raises :class:`ConfigError` on bad input."""
     env = os.environ if environ is None else environ
     return Settings(
         enabled=_parse_master(env),
         modes={fix.key: _parse_mode(fix, env) for fix in FIXES},
+        ledger_dir=_parse_directory(LEDGER_DIR, env),
     )
 
 

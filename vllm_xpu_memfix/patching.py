@@ -29,9 +29,16 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], A
 
 @dataclass(frozen=True)
 class Patch:
+    """``wrapper`` around ``target``; a ``once`` patch removes itself after its first call."""
+
     fix: str
     target: str
     wrapper: Wrapper
+    once: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.fix, self.target)
 
     @property
     def module(self) -> str:
@@ -50,7 +57,21 @@ class State(str, Enum):
 
 
 class _PatchWrapper(wrapt.FunctionWrapper):
-    """Marks a wrapper as ours, so a target is never wrapped twice."""
+    """Marks a wrapper as ours and remembers which patch made it."""
+
+    def __init__(self, wrapped: Any, wrapper: Wrapper, key: tuple[str, str]) -> None:
+        super().__init__(wrapped, wrapper)
+        self._self_patch_key = key
+
+
+def _wrapped_by(obj: Any, key: tuple[str, str]) -> bool:
+    """Whether ``obj`` or anything it wraps is the wrapper of patch ``key``."""
+    seen = 0
+    while isinstance(obj, _PatchWrapper) and seen < 64:
+        if obj._self_patch_key == key:
+            return True
+        obj, seen = obj.__wrapped__, seen + 1
+    return False
 
 
 @dataclass
@@ -72,19 +93,24 @@ class Patcher:
     """Owns a set of patches: installs, applies, reverts and reports them."""
 
     def __init__(self) -> None:
-        self._records: dict[str, _Record] = {}
+        self._records: dict[tuple[str, str], _Record] = {}
 
     def install(self, patch: Patch) -> None:
-        """Apply ``patch`` now if its module is loaded, else when it is first imported."""
-        if patch.target in self._records:
-            return
-        self._records[patch.target] = _Record(patch)
-        wrapt.register_post_import_hook(lambda _module: self._apply(patch.target), patch.module)
+        """Apply ``patch`` now if its module is loaded, else when it is first imported.
 
-    def _apply(self, target: str) -> None:
-        record = self._records.get(target)
+        Patches of different fixes on one target stack; the one installed last
+        is outermost.
+        """
+        if patch.key in self._records:
+            return
+        self._records[patch.key] = _Record(patch)
+        wrapt.register_post_import_hook(lambda _module: self._apply(patch.key), patch.module)
+
+    def _apply(self, key: tuple[str, str]) -> None:
+        record = self._records.get(key)
         if record is None or record.state is not State.WAITING:
             return
+        target = record.patch.target
         try:
             parent, attribute, original = wrapt.resolve_path(
                 record.patch.module, record.patch.attr_path
@@ -98,20 +124,37 @@ class Patcher:
                 vllm_version(),
             )
             return
-        if isinstance(original, _PatchWrapper):
-            record.state, record.reason = State.SKIPPED, f"{target} is already wrapped"
+        if _wrapped_by(original, key):
+            record.state, record.reason = State.SKIPPED, f"{target} is already wrapped by this fix"
             return
         record.inherited = isinstance(parent, type) and attribute not in vars(parent)
-        wrapt.apply_patch(parent, attribute, _PatchWrapper(original, record.patch.wrapper))
+        wrapper = self._once(record.patch) if record.patch.once else record.patch.wrapper
+        wrapt.apply_patch(parent, attribute, _PatchWrapper(original, wrapper, key))
         record.parent, record.original = parent, original
         record.state = State.APPLIED
         logger.debug("vllm-xpu-memfix: fix %s applied to %s", record.patch.fix, target)
 
-    def revert(self, target: str) -> None:
-        record = self._records.get(target)
+    def _once(self, patch: Patch) -> Wrapper:
+        def run_once(
+            wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            try:
+                return patch.wrapper(wrapped, instance, args, kwargs)
+            finally:
+                self.revert(patch.key)
+
+        return run_once
+
+    def revert(self, key: tuple[str, str]) -> None:
+        """Put the original back, if this patch's wrapper is still the outermost one."""
+        record = self._records.get(key)
         if record is None or record.state is not State.APPLIED:
             return
         attribute = record.patch.attr_path.rpartition(".")[2]
+        current = vars(record.parent).get(attribute)
+        if not (isinstance(current, _PatchWrapper) and current._self_patch_key == key):
+            record.reason = "not reverted: wrapped again by another patch"
+            return
         if record.inherited:
             delattr(record.parent, attribute)
         else:
@@ -119,12 +162,12 @@ class Patcher:
         record.state = State.REVERTED
 
     def revert_all(self) -> None:
-        for target in list(self._records):
-            self.revert(target)
+        for key in reversed(list(self._records)):
+            self.revert(key)
 
-    def state(self, target: str) -> tuple[State, str]:
-        record = self._records[target]
+    def state(self, key: tuple[str, str]) -> tuple[State, str]:
+        record = self._records[key]
         return record.state, record.reason
 
-    def states(self) -> dict[str, tuple[str, State, str]]:
-        return {t: (r.patch.fix, r.state, r.reason) for t, r in self._records.items()}
+    def states(self) -> dict[tuple[str, str], tuple[State, str]]:
+        return {k: (r.state, r.reason) for k, r in self._records.items()}

@@ -39,6 +39,16 @@ class ModelShape:
 
 
 TINY = ModelShape()
+# About 134 M parameters, 268 MB in bf16: weight loading stands out of a worker's RSS.
+SMALL = ModelShape(
+    hidden_size=1024,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=4096,
+    vocab_size=8192,
+)
 # About 1.04 B parameters, 2.1 GB in bf16: large enough that host-memory effects stand above noise.
 ONE_B = ModelShape(
     hidden_size=2048,

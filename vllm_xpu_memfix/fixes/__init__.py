@@ -19,5 +19,12 @@ def patches_for(settings: Settings) -> list[Patch]:
     return [p for key, module in MODULES.items() if settings.requested(key) for p in module.PATCHES]
 
 
+def activate(settings: Settings) -> None:
+    """Per-process start of every requested fix that keeps state (e.g. the ledger)."""
+    for key, module in MODULES.items():
+        if settings.requested(key) and hasattr(module, "activate"):
+            module.activate(settings)
+
+
 def all_patches() -> list[Patch]:
     return [p for module in MODULES.values() for p in module.PATCHES]

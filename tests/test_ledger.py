@@ -1,0 +1,90 @@
+"""The ledger with injected snapshots: ordering, table, JSON lines, write errors."""
+
+import json
+import os
+import socket
+
+from vllm_xpu_memfix.memory.ledger import PHASES, Ledger
+from vllm_xpu_memfix.memory.snapshot import DrmUsage, Snapshot
+
+MiB = 1024**2
+
+
+def scripted(*snaps, pss_flags=None):
+    it = iter(snaps)
+
+    def take(pss):
+        if pss_flags is not None:
+            pss_flags.append(pss)
+        return next(it)
+
+    return take
+
+
+def test_each_phase_is_recorded_once_and_in_order(tmp_path):
+    snaps = [
+        Snapshot(
+            ts=100.0 + i, pid=7, rss_anon=(100 + 50 * i) * MiB, mem_available=10_000 * MiB - i * MiB
+        )
+        for i in range(4)
+    ]
+    flags = []
+    ledger = Ledger(
+        "worker-0", tmp_path, take=scripted(*snaps, pss_flags=flags), tree_pss=lambda: 500 * MiB
+    )
+    ledger.rank = 0
+    ledger.record("process start")
+    ledger.record("weights loaded")
+    assert ledger.record("weights loaded") is None, "a phase already recorded is kept"
+    ledger.record("KV cache sized", kv_cache_bytes=123)
+    rows = [json.loads(line) for line in ledger.jsonl_path.read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["process start", "weights loaded", "KV cache sized"]
+    assert rows[0]["rss_anon"] == 100 * MiB and rows[1]["rss_anon"] == 150 * MiB
+    assert (
+        rows[2]["kv_cache_bytes"] == 123
+        and rows[2]["rank"] == 0
+        and rows[0]["tree_pss"] == 500 * MiB
+        and rows[2]["tree_pss"] is None
+    )
+    assert all(r["ledger_cost_s"] >= 0 for r in rows)
+    assert flags == [True, False, False], "PSS is read only at the ends of start-up"
+    assert ledger.jsonl_path.name == f"ledger-{socket.gethostname()}-{os.getpid()}.jsonl"
+
+
+def test_table_shows_memavailable_drop_and_drm_columns_when_present():
+    drm = DrmUsage(("xe",), 1, total_gtt=2048 * MiB, total_vram=8192 * MiB)
+    snaps = [
+        Snapshot(ts=0.0, pid=1, rss_anon=100 * MiB, mem_available=1000 * MiB),
+        Snapshot(ts=2.5, pid=1, rss_anon=300 * MiB, mem_available=400 * MiB, drm=drm),
+    ]
+    ledger = Ledger("worker-0", take=scripted(*snaps), tree_pss=lambda: None)
+    ledger.record(PHASES[0])
+    ledger.record(PHASES[-1])
+    lines = ledger.table().splitlines()
+    assert lines[0].split() == [
+        "phase",
+        "t",
+        "(s)",
+        "RssAnon",
+        "RssFile",
+        "Pss",
+        "tree",
+        "Pss",
+        "MemAvail",
+        "drop",
+        "GTT",
+        "VRAM",
+    ]
+    assert lines[2].split() == ["ready", "2.5", "300", "-", "-", "-", "600", "2,048", "8,192"]
+    assert "anon +200 MiB" in ledger.summary_line()
+
+
+def test_unwritable_ledger_dir_is_reported_not_raised(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    ledger = Ledger(
+        "main", blocker / "sub", take=lambda _pss: Snapshot(ts=0.0, pid=1), tree_pss=lambda: None
+    )
+    ledger.record("process start")
+    assert ledger.write_error and "cannot write" in ledger.write_error
+    assert len(ledger.entries) == 1

@@ -1,0 +1,90 @@
+"""The snapshot reader on recorded (cpu-vm-v1) and constructed (xe-cgroup-v2) trees.
+See tests/data/proc/README.md for where each file came from."""
+
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_memfix.memory import snapshot
+from vllm_xpu_memfix.memory.snapshot import ProcReader, parse_drm_fdinfo, parse_size
+
+DATA = Path(__file__).parent / "data" / "proc"
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1234 kB", 1234 * KiB),
+        ("12 MiB", 12 * MiB),
+        ("7 KiB", 7 * KiB),
+        ("42", 42),
+        ("0", 0),
+        ("3 GiB", 3 * GiB),
+        ("", None),
+        ("n/a", None),
+        ("5 parsecs", None),
+    ],
+)
+def test_parse_size_units(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_recorded_cpu_vm_process():
+    snap = ProcReader(DATA / "cpu-vm-v1").take(4242)
+    assert snap.pid == 4242
+    assert snap.rss_anon == 212872 * KiB  # it held a 64 MiB tensor
+    assert snap.rss_anon > 64 * MiB
+    assert snap.vm_hwm >= snap.rss_anon
+    assert snap.pss is not None and snap.pss_anon is not None and snap.pss_file is not None
+    assert 0 < snap.mem_available <= snap.mem_total
+    assert snap.committed_as > 0 and snap.cached > 0
+    assert snap.swap_total == 0
+    # v1 cgroup whose own directory is the mount root; the limit is "unlimited".
+    assert snap.cgroup_current == int(
+        (DATA / "cpu-vm-v1/sys/fs/cgroup/memory/memory.usage_in_bytes").read_text()
+    )
+    assert snap.cgroup_max is None
+    assert snap.gpu_active is None
+    assert snap.drm is None, "an fdinfo without drm-driver is not a DRM client"
+
+
+def test_constructed_xe_process_counts_each_drm_client_once():
+    snap = ProcReader(DATA / "xe-cgroup-v2").take(777)
+    assert snap.drm is not None
+    assert snap.drm.drivers == ("xe",)
+    assert snap.drm.clients == 2, "fds 5 and 6 share drm-client-id 41"
+    assert snap.drm.total_gtt == 4194304 * KiB + 512 * MiB
+    assert snap.drm.total_vram == 27648 * MiB + 1048576 * KiB
+    assert snap.drm.resident == snap.drm.total_gtt + snap.drm.total_vram
+    assert snap.gpu_active == 262144 * snapshot.PAGE_SIZE
+    assert snap.cgroup_current == 20 * GiB
+    assert snap.cgroup_max == 64 * GiB
+    flat = snap.as_dict()
+    assert flat["drm_total_gtt"] == snap.drm.total_gtt and flat["drm_driver"] == "xe"
+
+
+def test_missing_files_give_none_not_errors(tmp_path):
+    snap = ProcReader(tmp_path).take(1)
+    assert snap.rss_anon is None and snap.mem_available is None and snap.drm is None
+    assert snap.cgroup_current is None and snap.cgroup_max is None
+
+
+def test_unreadable_fdinfo_is_skipped(tmp_path):
+    fdinfo = tmp_path / "proc" / "9" / "fdinfo"
+    fdinfo.mkdir(parents=True)
+    (fdinfo / "3").write_text("drm-driver:\ti915\ndrm-client-id:\t1\ndrm-total-system0:\t8 MiB\n")
+    (fdinfo / "4").mkdir()  # reading it raises IsADirectoryError
+    usage = ProcReader(tmp_path).drm_usage("9")
+    assert usage is not None and usage.total_system == 8 * MiB and usage.drivers == ("i915",)
+
+
+def test_drm_without_client_id_counts_every_fd():
+    text = "drm-driver: xe\ndrm-total-gtt: 1 MiB\n"
+    assert parse_drm_fdinfo([text, text]).total_gtt == 2 * MiB
+
+
+def test_live_snapshot_of_this_process():
+    snap = snapshot.take()
+    assert snap.rss_anon and snap.rss_anon > 0
+    assert snap.pss and snap.mem_available

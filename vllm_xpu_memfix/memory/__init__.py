@@ -1,0 +1,1 @@
+"""Host-memory facts (snapshot), vLLM process trees, the phase ledger and its attribution."""

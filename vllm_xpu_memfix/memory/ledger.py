@@ -1,0 +1,164 @@
+"""Phase-by-phase record of host memory in one vLLM process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_xpu_memfix.memory import snapshot, tree
+from vllm_xpu_memfix.memory.attribution import Attribution, attribute
+from vllm_xpu_memfix.memory.snapshot import Snapshot
+
+PHASES = (
+    "process start",
+    "weights loaded",
+    "weights processed",
+    "KV cache sized",
+    "KV cache allocated",
+    "warm-up done",
+    "ready",
+)
+# PSS (the process's and the vLLM tree's) is read only at the ends of start-up: the
+# kernel walks every mapped page for it, tens of ms per phase on a large worker.
+PSS_PHASES = frozenset({PHASES[0], PHASES[-1]})
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Entry:
+    phase: str
+    snapshot: Snapshot
+    tree_pss: int | None
+    cost_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / MiB:,.0f}"
+
+
+class Ledger:
+    """Snapshots at start-up phases; each phase is recorded once, in the order it happens.
+
+    ``take(pss)`` snapshots this process; ``tree_pss()`` sums the vLLM tree's PSS.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        jsonl_dir: Path | None = None,
+        take: Callable[[bool], Snapshot] = snapshot.take_self,
+        tree_pss: Callable[[], int | None] = tree.tree_pss,
+    ) -> None:
+        self.role = role
+        self.rank: int | None = None
+        self.entries: list[Entry] = []
+        self._take = take
+        self._tree_pss = tree_pss
+        self.jsonl_path = (
+            jsonl_dir / f"ledger-{socket.gethostname()}-{os.getpid()}.jsonl" if jsonl_dir else None
+        )
+        self.write_error: str | None = None
+
+    def has(self, phase: str) -> bool:
+        return any(e.phase == phase for e in self.entries)
+
+    def record(self, phase: str, **extra: Any) -> Entry | None:
+        """Snapshot ``phase``; a phase already recorded is left as it was (returns ``None``)."""
+        if self.has(phase):
+            return None
+        started = time.perf_counter()
+        with_pss = phase in PSS_PHASES
+        snap = self._take(with_pss)
+        tree_pss = self._tree_pss() if with_pss else None
+        entry = Entry(phase, snap, tree_pss, time.perf_counter() - started, extra)
+        self.entries.append(entry)
+        self._append_jsonl(entry)
+        return entry
+
+    def _append_jsonl(self, entry: Entry) -> None:
+        if self.jsonl_path is None or self.write_error:
+            return
+        row = {
+            "phase": entry.phase,
+            "pid": entry.snapshot.pid,
+            "role": self.role,
+            "rank": self.rank,
+            "ts": entry.snapshot.ts,
+            **entry.snapshot.as_dict(),
+            "tree_pss": entry.tree_pss,
+            "ledger_cost_s": entry.cost_s,
+            **entry.extra,
+        }
+        try:
+            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.jsonl_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as exc:
+            self.write_error = f"cannot write {self.jsonl_path}: {exc}"
+
+    def attribution(self) -> Attribution | None:
+        if len(self.entries) < 2:
+            return None
+        first, last = self.entries[0], self.entries[-1]
+        return attribute(first.snapshot, last.snapshot, first.tree_pss, last.tree_pss)
+
+    def table(self) -> str:
+        """Phase x host figures in MiB, MemAvailable as the drop since the first phase."""
+        if not self.entries:
+            return ""
+        first = self.entries[0]
+        has_drm = any(e.snapshot.drm for e in self.entries)
+        header = ["phase", "t (s)", "RssAnon", "RssFile", "Pss", "tree Pss", "MemAvail drop"]
+        if has_drm:
+            header += ["GTT", "VRAM"]
+        rows = [header]
+        for e in self.entries:
+            s = e.snapshot
+            drop = None
+            if first.snapshot.mem_available is not None and s.mem_available is not None:
+                drop = first.snapshot.mem_available - s.mem_available
+            row = [
+                e.phase,
+                f"{s.ts - first.snapshot.ts:.1f}",
+                _mib(s.rss_anon),
+                _mib(s.rss_file),
+                _mib(s.pss),
+                _mib(e.tree_pss),
+                _mib(drop),
+            ]
+            if has_drm:
+                row += [_mib(s.drm.total_gtt if s.drm else None)]
+                row += [_mib(s.drm.total_vram if s.drm else None)]
+            rows.append(row)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = [
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+            for r in rows
+        ]
+        return "\n".join(lines)
+
+    def summary_line(self) -> str:
+        a = self.attribution()
+        if a is None:
+            return "attribution: not enough phases recorded"
+        parts = [
+            f"anon {a.anon / MiB:+,.0f} MiB",
+            f"file {a.file / MiB:+,.0f} MiB",
+            f"page cache {a.page_cache / MiB:+,.0f} MiB",
+        ]
+        if a.outside_processes is not None:
+            parts.append(f"outside any process {a.outside_processes / MiB:+,.0f} MiB")
+        if a.drm_gtt:
+            parts.append(f"DRM GTT {a.drm_gtt / MiB:+,.0f} MiB")
+        since = self.entries[0].phase
+        return f"attribution since {since}: {', '.join(parts)}; likely cause: {a.explanation}"
