@@ -6,17 +6,18 @@ Problem
     it: a driver-pinned host mirror of device memory that no process owns,
     weight staging, allocator retention, page cache or live references.
 Mechanism
-    Takes a snapshot of kernel memory figures (``memory.snapshot``) and of the
-    vLLM process tree's PSS at each start-up phase: process start, weights
-    loaded, weights processed, KV cache sized (with vLLM's byte figure), KV
-    cache allocated, warm-up done and ready (the first batch). At ready each
+    From the moment vLLM builds the worker object, takes a snapshot of kernel
+    memory figures (``memory.snapshot``) at each start-up phase: process start,
+    weights loaded, weights processed, KV cache sized (with vLLM's byte
+    figure), KV cache allocated, warm-up done and ready (the first batch); the
+    vLLM process tree's PSS is added at the first and last. At ready each
     worker logs a table and one attribution line naming the likely cause.
     ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The
     "ready" hook removes itself after the first batch, so nothing stays on the
     per-step path.
 Targets
     ``base_loader:process_weights_after_loading`` (module global, called by
-    ``BaseModelLoader.load_model``); ``gpu_worker:Worker.load_model``,
+    ``BaseModelLoader.load_model``); ``gpu_worker:Worker.__init__``, ``.load_model``,
     ``.determine_available_memory``, ``.initialize_from_config``,
     ``.compile_or_warm_up_model``, ``.execute_model`` (XPUWorker inherits all);
     ``cpu_worker:CPUWorker.determine_available_memory`` and
@@ -31,51 +32,73 @@ Upstream
 from __future__ import annotations
 
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.memory.ledger import Ledger
 from vllm_xpu_memfix.patching import Patch
 from vllm_xpu_memfix.process import current_role
+
+if TYPE_CHECKING:
+    from vllm_xpu_memfix.memory.ledger import Ledger
 
 logger = get_logger("ledger")
 
 KEY = "ledger"
+_active = False
+_jsonl_dir: Path | None = None
 _ledger: Ledger | None = None
 
 
 def activate(settings: Settings) -> None:
-    """Start this process's ledger with its "process start" phase."""
-    global _ledger
-    if _ledger is None:
-        _ledger = Ledger(str(current_role()), settings.ledger_dir)
-        _ledger.record("process start")
+    """Arm this process's ledger.
+
+    A worker records "process start" when vLLM builds the worker object, so
+    ``register()`` stays cheap (it imports nothing of the ledger); other
+    processes record it here, and only when their JSON lines are wanted.
+    """
+    global _active, _jsonl_dir
+    _active, _jsonl_dir = True, settings.ledger_dir
+    if current_role().role != "worker" and settings.ledger_dir is not None:
+        _record("process start")
 
 
 def current() -> Ledger | None:
+    global _ledger
+    if _ledger is None and _active:
+        from vllm_xpu_memfix.memory.ledger import Ledger
+
+        _ledger = Ledger(str(current_role()), _jsonl_dir)
     return _ledger
 
 
 def _note_rank(instance: Any) -> None:
-    if _ledger is not None and _ledger.rank is None:
+    ledger = current()
+    if ledger is not None and ledger.rank is None:
         rank = getattr(instance, "rank", None)
         if isinstance(rank, int):
-            _ledger.rank = rank
+            ledger.rank = rank
 
 
 def _record(phase: str, instance: Any = None, **extra: Any) -> None:
-    if _ledger is None:
-        return
     try:
+        ledger = current()
+        if ledger is None:
+            return
         _note_rank(instance)
-        _ledger.record(phase, **extra)
-        if _ledger.write_error:
-            logger.warning("vllm-xpu-memfix: ledger: %s; JSON lines disabled", _ledger.write_error)
-            _ledger.write_error, _ledger.jsonl_path = None, None
+        ledger.record(phase, **extra)
+        if ledger.write_error:
+            logger.warning("vllm-xpu-memfix: ledger: %s; JSON lines disabled", ledger.write_error)
+            ledger.write_error, ledger.jsonl_path = None, None
     except Exception:
         # The ledger only observes; it must never break vLLM's start-up.
         logger.exception("vllm-xpu-memfix: ledger could not record phase %r", phase)
+
+
+def _before_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    _record("process start")
+    return wrapped(*args, **kwargs)
 
 
 def _around_weight_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
@@ -120,12 +143,13 @@ def _at_first_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _report() -> None:
-    if _ledger is None or not _ledger.entries:
+    ledger = current()
+    if ledger is None or not ledger.entries:
         return
     try:
-        title = f"vllm-xpu-memfix: host-memory ledger, rank {_ledger.rank} ({_ledger.role}), MiB"
-        logger.info("%s\n%s", title, _ledger.table())
-        logger.info("vllm-xpu-memfix: rank %s %s", _ledger.rank, _ledger.summary_line())
+        title = f"vllm-xpu-memfix: host-memory ledger, rank {ledger.rank} ({ledger.role}), MiB"
+        logger.info("%s\n%s", title, ledger.table())
+        logger.info("vllm-xpu-memfix: rank %s %s", ledger.rank, ledger.summary_line())
     except Exception:
         logger.exception("vllm-xpu-memfix: ledger report failed")
 
@@ -138,6 +162,7 @@ PATCHES = (
         "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
         _around_weight_processing,
     ),
+    Patch(KEY, f"{_GPU}.__init__", _before_worker_init),
     Patch(KEY, f"{_GPU}.load_model", _after_load_model),
     Patch(KEY, f"{_GPU}.determine_available_memory", _after_kv_sizing),
     Patch(KEY, f"{_CPU}.determine_available_memory", _after_kv_sizing),

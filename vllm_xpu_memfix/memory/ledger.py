@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.memory import snapshot, tree
+from vllm_xpu_memfix.memory import snapshot
 from vllm_xpu_memfix.memory.attribution import Attribution, attribute
 from vllm_xpu_memfix.memory.snapshot import Snapshot
 
@@ -54,7 +54,7 @@ class Ledger:
         role: str,
         jsonl_dir: Path | None = None,
         take: Callable[[bool], Snapshot] = snapshot.take_self,
-        tree_pss: Callable[[], int | None] = tree.tree_pss,
+        tree_pss: Callable[[], int | None] | None = None,
     ) -> None:
         self.role = role
         self.rank: int | None = None
@@ -76,11 +76,18 @@ class Ledger:
         started = time.perf_counter()
         with_pss = phase in PSS_PHASES
         snap = self._take(with_pss)
-        tree_pss = self._tree_pss() if with_pss else None
+        tree_pss = self._vllm_tree_pss() if with_pss else None
         entry = Entry(phase, snap, tree_pss, time.perf_counter() - started, extra)
         self.entries.append(entry)
         self._append_jsonl(entry)
         return entry
+
+    def _vllm_tree_pss(self) -> int | None:
+        if self._tree_pss is None:
+            from vllm_xpu_memfix.memory.tree import tree_pss  # psutil, only when needed
+
+            self._tree_pss = tree_pss
+        return self._tree_pss()
 
     def _append_jsonl(self, entry: Entry) -> None:
         if self.jsonl_path is None or self.write_error:
