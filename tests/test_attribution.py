@@ -18,7 +18,7 @@ def snap(anon=1 * GiB, file=200 << 20, cached=4 * GiB, available=100 * GiB, gtt=
 def test_driver_mirror_memory_available_falls_with_no_process_growth():
     # 4 x 0.92 x 31.89 GiB pinned by the driver: MemAvailable falls, RSS and PSS stay flat.
     start, end = snap(), snap(available=100 * GiB - 29 * GiB)
-    a = attribute(start, end, tree_pss_start=6 * GiB, tree_pss_end=6 * GiB + (50 << 20))
+    a = attribute(start, end, tree_anon_pss_start=6 * GiB, tree_anon_pss_end=6 * GiB + (50 << 20))
     assert a.cause == "outside"
     assert a.outside_processes == 29 * GiB - (50 << 20)
     assert "driver" in a.explanation and "cause 1" in a.explanation
@@ -31,14 +31,14 @@ def test_drm_gtt_growth_alone_points_at_the_driver():
 
 def test_staging_or_retention_shows_as_anonymous_growth():
     start, end = snap(), snap(anon=9 * GiB, available=92 * GiB)
-    a = attribute(start, end, tree_pss_start=2 * GiB, tree_pss_end=10 * GiB)
+    a = attribute(start, end, tree_anon_pss_start=2 * GiB, tree_anon_pss_end=10 * GiB)
     assert a.cause == "anon"
     assert a.anon == 8 * GiB and a.outside_processes == 0
 
 
 def test_page_cache_growth_is_file_pages():
     start, end = snap(), snap(file=200 << 20, cached=40 * GiB, available=99 * GiB)
-    a = attribute(start, end, tree_pss_start=2 * GiB, tree_pss_end=2 * GiB)
+    a = attribute(start, end, tree_anon_pss_start=2 * GiB, tree_anon_pss_end=2 * GiB)
     assert a.cause == "file" and a.page_cache == 36 * GiB
 
 

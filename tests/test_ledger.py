@@ -30,7 +30,10 @@ def test_each_phase_is_recorded_once_and_in_order(tmp_path):
     ]
     flags = []
     ledger = Ledger(
-        "worker-0", tmp_path, take=scripted(*snaps, pss_flags=flags), tree_pss=lambda: 500 * MiB
+        "worker-0",
+        tmp_path,
+        take=scripted(*snaps, pss_flags=flags),
+        tree_anon_pss=lambda: 500 * MiB,
     )
     ledger.rank = 0
     ledger.record("process start")
@@ -43,8 +46,8 @@ def test_each_phase_is_recorded_once_and_in_order(tmp_path):
     assert (
         rows[2]["kv_cache_bytes"] == 123
         and rows[2]["rank"] == 0
-        and rows[0]["tree_pss"] == 500 * MiB
-        and rows[2]["tree_pss"] is None
+        and rows[0]["tree_anon_pss"] == 500 * MiB
+        and rows[2]["tree_anon_pss"] is None
     )
     assert all(r["ledger_cost_s"] >= 0 for r in rows)
     assert flags == [True, False, False], "PSS is read only at the ends of start-up"
@@ -57,7 +60,7 @@ def test_table_shows_memavailable_drop_and_drm_columns_when_present():
         Snapshot(ts=0.0, pid=1, rss_anon=100 * MiB, mem_available=1000 * MiB),
         Snapshot(ts=2.5, pid=1, rss_anon=300 * MiB, mem_available=400 * MiB, drm=drm),
     ]
-    ledger = Ledger("worker-0", take=scripted(*snaps), tree_pss=lambda: None)
+    ledger = Ledger("worker-0", take=scripted(*snaps), tree_anon_pss=lambda: None)
     ledger.record(PHASES[0])
     ledger.record(PHASES[-1])
     lines = ledger.table().splitlines()
@@ -69,6 +72,7 @@ def test_table_shows_memavailable_drop_and_drm_columns_when_present():
         "RssFile",
         "Pss",
         "tree",
+        "anon",
         "Pss",
         "MemAvail",
         "drop",
@@ -83,7 +87,10 @@ def test_unwritable_ledger_dir_is_reported_not_raised(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     ledger = Ledger(
-        "main", blocker / "sub", take=lambda _pss: Snapshot(ts=0.0, pid=1), tree_pss=lambda: None
+        "main",
+        blocker / "sub",
+        take=lambda _pss: Snapshot(ts=0.0, pid=1),
+        tree_anon_pss=lambda: None,
     )
     ledger.record("process start")
     assert ledger.write_error and "cannot write" in ledger.write_error

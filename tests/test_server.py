@@ -3,8 +3,11 @@ entry point in real API-server, EngineCore and worker processes."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +97,25 @@ def test_invalid_switch_stops_start_up_with_a_clear_error(serve, tiny_model):
         "VLLM_XPU_MEMFIX_LEDGER='sometimes' is not valid; accepted values: auto, on, off"
         in server.log_text()
     )
+
+
+def test_demo_under_monitor_reports_ledger_csv_and_picture(tmp_path, clean_env):
+    """The README's main job, run under `monitor`: covers a real start of all three roles."""
+    workdir, monitor_dir = tmp_path / "demo", tmp_path / "monitor"
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_xpu_memfix.cli", "monitor", "--interval", "0.5",
+         "--out", str(monitor_dir), "--",
+         sys.executable, "-m", "vllm_xpu_memfix.cli", "demo", "--workdir", str(workdir)],
+        capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    for phase in PHASES:
+        assert re.search(rf"\] {phase}\s+\d", out), phase
+    assert "likely cause:" in out
+    assert (workdir / "host-memory.png").stat().st_size > 20_000
+    assert "exited with 0" in out and "peak summed RSS" in out
+
+    with (monitor_dir / "monitor.csv").open() as f:
+        roles = {row["role"] for row in csv.DictReader(f)}
+    assert {"api_server", "engine_core", "worker", "system"} <= roles

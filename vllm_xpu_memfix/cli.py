@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,7 +48,34 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from vllm_xpu_memfix.demo import run_demo
 
-    return run_demo(Path(args.workdir) if args.workdir else None)
+    return run_demo(Path(args.workdir))
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from vllm_xpu_memfix import monitor
+
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    out = Path(args.out or time.strftime("vllm-xpu-memfix-monitor-%Y%m%d-%H%M%S"))
+    return monitor.main(command, out, args.interval)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from vllm_xpu_memfix.plot import PlotError, plot
+
+    csv_path = Path(args.csv)
+    if not csv_path.is_file():
+        print(f"plot: no such file: {csv_path}", file=sys.stderr)
+        return 2
+    ledger = Path(args.ledger) if args.ledger else None
+    if ledger is not None and not ledger.is_dir():
+        print(f"plot: --ledger {ledger} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        print(f"plot: wrote {plot(csv_path, Path(args.output), ledger)}")
+    except PlotError as exc:
+        print(f"plot: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,8 +93,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="serve a tiny local model with the plugin and show its report"
     )
-    demo.add_argument("--workdir", help="keep the model and server log here (default: a temp dir)")
+    demo.add_argument(
+        "--workdir",
+        default="vllm-xpu-memfix-demo",
+        help="model, server log, monitor CSV, ledger and PNG go here (default: %(default)s)",
+    )
     demo.set_defaults(func=cmd_demo)
+    mon = sub.add_parser(
+        "monitor",
+        help="run a command (e.g. vllm serve) and sample its process tree's host memory to CSV",
+        usage="vllm-xpu-memfix monitor [--interval S] [--out DIR] -- COMMAND...",
+    )
+    mon.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
+    mon.add_argument("--out", help="output directory (default: ./vllm-xpu-memfix-monitor-<time>)")
+    mon.add_argument("command_line", nargs=argparse.REMAINDER, help="the command, after --")
+    mon.set_defaults(func=cmd_monitor)
+    plt = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
+    plt.add_argument("csv", help="monitor.csv written by 'monitor'")
+    plt.add_argument("--ledger", help="directory of ledger JSON lines (VLLM_XPU_MEMFIX_LEDGER_DIR)")
+    plt.add_argument("-o", "--output", default="host-memory.png", help="PNG to write")
+    plt.set_defaults(func=cmd_plot)
     return parser
 
 

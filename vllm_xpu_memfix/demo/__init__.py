@@ -2,35 +2,74 @@
 
 from __future__ import annotations
 
-import re
-import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from vllm_xpu_memfix.demo.server import Server
 from vllm_xpu_memfix.demo.tiny_model import make_model
 
-PLUGIN_LINE = re.compile(r"vllm-xpu-memfix")
+DEFAULT_WORKDIR = Path("vllm-xpu-memfix-demo")
 
 
 def plugin_lines(log_text: str) -> list[str]:
-    return [line for line in log_text.splitlines() if PLUGIN_LINE.search(line)]
+    return [line for line in log_text.splitlines() if "vllm-xpu-memfix" in line]
 
 
-def run_demo(workdir: Path | None = None, say: Callable[[str], None] = print) -> int:
-    with tempfile.TemporaryDirectory(prefix="vllm-xpu-memfix-demo-") as tmp:
-        base = workdir or Path(tmp)
-        base.mkdir(parents=True, exist_ok=True)
-        say(f"[1/3] making a tiny random Qwen3 model in {base / 'model'}")
-        model = make_model(base / "model")
-        log_path = base / "server.log"
-        say(f"[2/3] starting vLLM's OpenAI server with the plugin (log: {log_path})")
-        with Server(model, log_path) as server:
-            ready = server.wait_ready()
+def ledger_report(log_text: str) -> list[str]:
+    """The worker's ledger table and attribution line, as logged."""
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
+        if "host-memory ledger" in line:
+            end = next(j for j in range(i + 1, len(lines) + 1)
+                       if j == len(lines) or "attribution since" in lines[j])  # fmt: skip
+            return lines[i : end + 1]
+    return []
+
+
+def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print) -> int:
+    from vllm_xpu_memfix import monitor
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    say(f"[1/4] making a tiny random Qwen3 model in {workdir / 'model'}")
+    model = make_model(workdir / "model")
+    log_path, csv_path, ledger_dir = (
+        workdir / "server.log", workdir / "monitor.csv", workdir / "ledger"
+    )  # fmt: skip
+    for old in ledger_dir.glob("ledger-*.jsonl"):
+        old.unlink()
+    say(f"[2/4] starting vLLM's OpenAI server with the plugin (log: {log_path})")
+    env = {"VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)}
+    stop = threading.Event()
+    with Server(model, log_path, env=env) as server:
+        assert server.process is not None
+        sampler = threading.Thread(
+            target=monitor.sample_to_csv,
+            args=(server.process.pid, csv_path, lambda: not stop.is_set()),
+            daemon=True,
+        )
+        sampler.start()
+        try:
+            ready = server.wait_ready(progress=lambda t: say(f"      still starting ({t:.0f} s)"))
             say(f"      ready after {ready:.1f} s; sending one completion")
             text = server.complete("Hello, how are you", max_tokens=8)["choices"][0]["text"]
             say(f"      the model answered {text!r} (random weights)")
-        say("[3/3] what the plugin did, from the server log:")
-        for line in plugin_lines(log_path.read_text(encoding="utf-8", errors="replace")):
-            say(f"      {line}")
+        finally:
+            stop.set()
+            sampler.join()
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    say("[3/4] what the plugin did, from the server log:")
+    for line in plugin_lines(log_text):
+        if "host-memory ledger" in line:
+            break
+        say(f"      {line}")
+    for line in ledger_report(log_text):
+        say(f"      {line}")
+    say(f"[4/4] host memory over time: {csv_path}")
+    from vllm_xpu_memfix.plot import PlotError, plot
+
+    try:
+        say(f"      picture: {plot(csv_path, workdir / 'host-memory.png', ledger_dir)}")
+    except PlotError as exc:
+        say(f"      no picture: {exc}")
     return 0

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -100,11 +100,20 @@ class Server:
         tail = "\n".join(self.log_text().splitlines()[-40:])
         return ServerError(f"{why}; last lines of {self.log_path}:\n{tail}")
 
-    def wait_ready(self, timeout_s: float = 240.0) -> float:
-        """Poll ``/health`` until it answers 200; returns seconds since start."""
+    def wait_ready(
+        self, timeout_s: float = 240.0, progress: Callable[[float], None] | None = None
+    ) -> float:
+        """Poll ``/health`` until it answers 200; returns seconds since start.
+
+        ``progress(elapsed_s)`` is called about every 10 s while waiting.
+        """
         assert self.process is not None, "start() first"
         deadline = self.started_at + timeout_s
+        next_progress = self.started_at + 10
         while time.monotonic() < deadline:
+            if progress is not None and time.monotonic() >= next_progress:
+                progress(time.monotonic() - self.started_at)
+                next_progress += 10
             if self.process.poll() is not None:
                 raise self._fail(f"server exited with code {self.process.returncode}")
             try:

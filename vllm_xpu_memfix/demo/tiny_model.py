@@ -73,6 +73,7 @@ def _train_tokenizer(vocab_size: int) -> Any:
         vocab_size=min(vocab_size, 400),
         special_tokens=_SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS, trainer)
     fast = PreTrainedTokenizerFast(
@@ -92,6 +93,9 @@ def make_model(
     """Write a random bf16 ``Qwen3ForCausalLM`` checkpoint with its tokenizer into ``directory``."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -96,9 +96,10 @@ def _record(phase: str, instance: Any = None, **extra: Any) -> None:
         logger.exception("vllm-xpu-memfix: ledger could not record phase %r", phase)
 
 
-def _before_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    _record("process start")
-    return wrapped(*args, **kwargs)
+def _after_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    result = wrapped(*args, **kwargs)  # builds no model; sets the rank
+    _record("process start", instance)
+    return result
 
 
 def _around_weight_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
@@ -162,7 +163,7 @@ PATCHES = (
         "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
         _around_weight_processing,
     ),
-    Patch(KEY, f"{_GPU}.__init__", _before_worker_init),
+    Patch(KEY, f"{_GPU}.__init__", _after_worker_init),
     Patch(KEY, f"{_GPU}.load_model", _after_load_model),
     Patch(KEY, f"{_GPU}.determine_available_memory", _after_kv_sizing),
     Patch(KEY, f"{_CPU}.determine_available_memory", _after_kv_sizing),

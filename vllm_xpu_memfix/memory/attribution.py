@@ -36,7 +36,7 @@ class Attribution:
     anon: int
     file: int
     page_cache: int
-    tree_pss: int | None
+    tree_anon_pss: int | None
     mem_available_drop: int | None
     outside_processes: int | None
     drm_gtt: int
@@ -48,13 +48,14 @@ class Attribution:
 
 
 def attribute(
-    start: Snapshot, end: Snapshot, tree_pss_start: int | None, tree_pss_end: int | None
+    start: Snapshot, end: Snapshot, tree_anon_pss_start: int | None, tree_anon_pss_end: int | None
 ) -> Attribution:
     """Split host growth from ``start`` to ``end`` and name the largest part's cause.
 
     "Outside any process" is the MemAvailable drop minus the growth of the vLLM
-    process tree's PSS: memory the system lost that no vLLM process maps.
-    Other processes on the host add noise to it.
+    process tree's anonymous + shmem PSS: memory the system lost that no vLLM
+    process maps. File pages are left out on both sides, since MemAvailable
+    counts page cache as available. Other processes on the host add noise.
     """
     anon = _delta(start.rss_anon, end.rss_anon)
     file = _delta(start.rss_file, end.rss_file)
@@ -63,8 +64,8 @@ def attribute(
     if start.mem_available is not None and end.mem_available is not None:
         drop = start.mem_available - end.mem_available
     tree = None
-    if tree_pss_start is not None and tree_pss_end is not None:
-        tree = tree_pss_end - tree_pss_start
+    if tree_anon_pss_start is not None and tree_anon_pss_end is not None:
+        tree = tree_anon_pss_end - tree_anon_pss_start
     outside = None if drop is None or tree is None else drop - tree
     drm_gtt = _delta(start.drm.total_gtt if start.drm else 0, end.drm.total_gtt if end.drm else 0)
     parts = {

@@ -34,7 +34,7 @@ MiB = 1024**2
 class Entry:
     phase: str
     snapshot: Snapshot
-    tree_pss: int | None
+    tree_anon_pss: int | None
     cost_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -46,7 +46,7 @@ def _mib(value: int | None) -> str:
 class Ledger:
     """Snapshots at start-up phases; each phase is recorded once, in the order it happens.
 
-    ``take(pss)`` snapshots this process; ``tree_pss()`` sums the vLLM tree's PSS.
+    ``take(pss)`` snapshots this process; ``tree_anon_pss()`` sums the vLLM tree's PSS.
     """
 
     def __init__(
@@ -54,13 +54,13 @@ class Ledger:
         role: str,
         jsonl_dir: Path | None = None,
         take: Callable[[bool], Snapshot] = snapshot.take_self,
-        tree_pss: Callable[[], int | None] | None = None,
+        tree_anon_pss: Callable[[], int | None] | None = None,
     ) -> None:
         self.role = role
         self.rank: int | None = None
         self.entries: list[Entry] = []
         self._take = take
-        self._tree_pss = tree_pss
+        self._tree_anon_pss = tree_anon_pss
         self.jsonl_path = (
             jsonl_dir / f"ledger-{socket.gethostname()}-{os.getpid()}.jsonl" if jsonl_dir else None
         )
@@ -76,18 +76,18 @@ class Ledger:
         started = time.perf_counter()
         with_pss = phase in PSS_PHASES
         snap = self._take(with_pss)
-        tree_pss = self._vllm_tree_pss() if with_pss else None
-        entry = Entry(phase, snap, tree_pss, time.perf_counter() - started, extra)
+        tree_anon_pss = self._vllm_tree_anon_pss() if with_pss else None
+        entry = Entry(phase, snap, tree_anon_pss, time.perf_counter() - started, extra)
         self.entries.append(entry)
         self._append_jsonl(entry)
         return entry
 
-    def _vllm_tree_pss(self) -> int | None:
-        if self._tree_pss is None:
-            from vllm_xpu_memfix.memory.tree import tree_pss  # psutil, only when needed
+    def _vllm_tree_anon_pss(self) -> int | None:
+        if self._tree_anon_pss is None:
+            from vllm_xpu_memfix.memory.tree import tree_anon_pss  # psutil, only when needed
 
-            self._tree_pss = tree_pss
-        return self._tree_pss()
+            self._tree_anon_pss = tree_anon_pss
+        return self._tree_anon_pss()
 
     def _append_jsonl(self, entry: Entry) -> None:
         if self.jsonl_path is None or self.write_error:
@@ -99,7 +99,7 @@ class Ledger:
             "rank": self.rank,
             "ts": entry.snapshot.ts,
             **entry.snapshot.as_dict(),
-            "tree_pss": entry.tree_pss,
+            "tree_anon_pss": entry.tree_anon_pss,
             "ledger_cost_s": entry.cost_s,
             **entry.extra,
         }
@@ -114,7 +114,7 @@ class Ledger:
         if len(self.entries) < 2:
             return None
         first, last = self.entries[0], self.entries[-1]
-        return attribute(first.snapshot, last.snapshot, first.tree_pss, last.tree_pss)
+        return attribute(first.snapshot, last.snapshot, first.tree_anon_pss, last.tree_anon_pss)
 
     def table(self) -> str:
         """Phase x host figures in MiB, MemAvailable as the drop since the first phase."""
@@ -122,7 +122,7 @@ class Ledger:
             return ""
         first = self.entries[0]
         has_drm = any(e.snapshot.drm for e in self.entries)
-        header = ["phase", "t (s)", "RssAnon", "RssFile", "Pss", "tree Pss", "MemAvail drop"]
+        header = ["phase", "t (s)", "RssAnon", "RssFile", "Pss", "tree anon Pss", "MemAvail drop"]
         if has_drm:
             header += ["GTT", "VRAM"]
         rows = [header]
@@ -137,7 +137,7 @@ class Ledger:
                 _mib(s.rss_anon),
                 _mib(s.rss_file),
                 _mib(s.pss),
-                _mib(e.tree_pss),
+                _mib(e.tree_anon_pss),
                 _mib(drop),
             ]
             if has_drm:

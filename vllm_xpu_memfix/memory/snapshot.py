@@ -135,6 +135,7 @@ class Snapshot:
     pss: int | None = None
     pss_anon: int | None = None
     pss_file: int | None = None
+    pss_shmem: int | None = None
     mem_total: int | None = None
     mem_available: int | None = None
     cached: int | None = None
@@ -214,8 +215,16 @@ class ProcReader:
 
         return parse_drm_fdinfo(texts())
 
-    def process_pss(self, pid: str) -> int | None:
-        return self._keys("proc", pid, "smaps_rollup").get("Pss")
+    def process_anon_pss(self, pid: str) -> int | None:
+        """PSS of anonymous and shared-memory pages: what MemAvailable cannot reclaim.
+
+        File pages are left out: they are page cache, which MemAvailable counts
+        as available.
+        """
+        rollup = self._keys("proc", pid, "smaps_rollup")
+        if "Pss_Anon" not in rollup:
+            return None
+        return rollup["Pss_Anon"] + rollup.get("Pss_Shmem", 0)
 
     def take(self, pid: int | str = "self", pss: bool = True) -> Snapshot:
         """Read every figure; ``pss=False`` skips ``smaps_rollup``, whose cost grows with RSS
@@ -238,6 +247,7 @@ class ProcReader:
             pss=rollup.get("Pss"),
             pss_anon=rollup.get("Pss_Anon"),
             pss_file=rollup.get("Pss_File"),
+            pss_shmem=rollup.get("Pss_Shmem"),
             mem_total=meminfo.get("MemTotal"),
             mem_available=meminfo.get("MemAvailable"),
             cached=meminfo.get("Cached"),

@@ -56,8 +56,8 @@ def tree_pids(root: psutil.Process) -> list[int]:
         return [root.pid]
 
 
-def tree_pss(pid: int | None = None, reader: ProcReader = LIVE) -> int | None:
-    """Summed PSS of this vLLM instance's process tree; ``None`` if none could be read."""
-    values = [reader.process_pss(str(p)) for p in tree_pids(instance_root(pid))]
+def tree_anon_pss(pid: int | None = None, reader: ProcReader = LIVE) -> int | None:
+    """Summed anonymous + shmem PSS of this vLLM instance's process tree; ``None`` if unreadable."""
+    values = [reader.process_anon_pss(str(p)) for p in tree_pids(instance_root(pid))]
     known = [v for v in values if v is not None]
     return sum(known) if known else None

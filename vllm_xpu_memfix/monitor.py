@@ -1,0 +1,227 @@
+"""``vllm-xpu-memfix monitor``: run a command and sample its process tree's host memory.
+
+Writes one CSV row per process per sample plus one ``system`` row per sample.
+The system row carries "outside any process": the MemAvailable drop since the
+first sample minus the growth of the tree's anonymous + shmem PSS, the
+signature of driver-pinned host memory (see ``memory.attribution``).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader
+from vllm_xpu_memfix.memory.tree import role_of
+
+MiB = 1024**2
+COLUMNS = (
+    "ts", "t", "pid", "label", "role", "rss", "rss_anon", "rss_file", "rss_shmem", "pss",
+    "anon_pss",
+    "drm_total_gtt", "drm_total_vram", "mem_total", "mem_available", "cached", "committed_as",
+    "swap_used", "cgroup_current", "cgroup_max", "gpu_active", "outside_processes",
+)  # fmt: skip
+_TITLE = re.compile(r"\w+::(\S+)")
+
+
+def label_of(pid: int, cmdline: list[str], name: str) -> str:
+    """``Worker_TP0 (pid)`` from vLLM's process title, else the role, else the program name."""
+    match = _TITLE.search(" ".join(cmdline[:1]))
+    role = role_of(cmdline)
+    return f"{match.group(1) if match else role if role != 'other' else name} ({pid})"
+
+
+@dataclass
+class Peaks:
+    summed_rss: int = 0
+    summed_pss: int = 0
+    mem_available_drop: int = 0
+    outside_processes: int = 0
+    per_process: dict[int, int] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+
+    def update(self, rows: list[dict[str, Any]], system: dict[str, Any]) -> None:
+        self.summed_rss = max(self.summed_rss, sum(r["rss"] or 0 for r in rows))
+        self.summed_pss = max(self.summed_pss, sum(r["pss"] or 0 for r in rows))
+        self.outside_processes = max(self.outside_processes, system["outside_processes"] or 0)
+        for r in rows:
+            self.per_process[r["pid"]] = max(self.per_process.get(r["pid"], 0), r["rss"] or 0)
+            self.labels[r["pid"]] = r["label"]
+
+    def report(self) -> str:
+        lines = [
+            f"peak summed RSS {self.summed_rss / MiB:,.0f} MiB, "
+            f"peak summed PSS {self.summed_pss / MiB:,.0f} MiB, "
+            f"largest MemAvailable drop {self.mem_available_drop / MiB:,.0f} MiB, "
+            f"peak outside any process {self.outside_processes / MiB:,.0f} MiB",
+            "peak RSS per process:",
+        ]
+        for pid, rss in sorted(self.per_process.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {self.labels[pid]:<32} {rss / MiB:>10,.0f} MiB")
+        return "\n".join(lines)
+
+
+class Sampler:
+    """Samples a process and its descendants as they appear and vanish."""
+
+    def __init__(self, root_pid: int, reader: ProcReader = LIVE) -> None:
+        self.root = psutil.Process(root_pid)
+        self.reader = reader
+        self.t0 = time.time()
+        self.first_available: int | None = None
+        self.first_tree_anon_pss: int | None = None
+        self.peaks = Peaks()
+        # A worker's title is set a while after it starts; keep the most telling label.
+        self.labels: dict[int, str] = {}
+
+    def processes(self) -> list[psutil.Process]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def sample(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        now = time.time()
+        rows: list[dict[str, Any]] = []
+        for proc in self.processes():
+            try:
+                cmdline, name = proc.cmdline(), proc.name()
+            except psutil.Error:
+                continue
+            snap = self.reader.take(proc.pid)
+            if snap.rss_anon is None:  # exited between listing and reading
+                continue
+            role = role_of(cmdline)
+            if role != "other" or proc.pid not in self.labels:
+                self.labels[proc.pid] = label_of(proc.pid, cmdline, name)
+            anon_pss = None
+            if snap.pss_anon is not None:
+                anon_pss = snap.pss_anon + (snap.pss_shmem or 0)
+            rows.append({
+                "ts": now, "t": now - self.t0, "pid": proc.pid,
+                "label": self.labels[proc.pid], "role": role, "anon_pss": anon_pss,
+                "rss": sum(v or 0 for v in (snap.rss_anon, snap.rss_file, snap.rss_shmem)),
+                "rss_anon": snap.rss_anon, "rss_file": snap.rss_file,
+                "rss_shmem": snap.rss_shmem, "pss": snap.pss,
+                "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
+                "drm_total_vram": snap.drm.total_vram if snap.drm else None,
+            })  # fmt: skip
+        system = self._system_row(now, rows)
+        self.peaks.update(rows, system)
+        return rows, system
+
+    def _system_row(self, now: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        snap = self.reader.take(self.root.pid, pss=False)
+        tree_anon_pss = sum(r["anon_pss"] or 0 for r in rows)
+        if self.first_available is None:
+            self.first_available, self.first_tree_anon_pss = snap.mem_available, tree_anon_pss
+        drop = None
+        outside = None
+        if snap.mem_available is not None and self.first_available is not None:
+            drop = self.first_available - snap.mem_available
+            outside = drop - (tree_anon_pss - (self.first_tree_anon_pss or 0))
+            self.peaks.mem_available_drop = max(self.peaks.mem_available_drop, drop)
+        swap_used = None
+        if snap.swap_total is not None and snap.swap_free is not None:
+            swap_used = snap.swap_total - snap.swap_free
+        return {
+            "ts": now, "t": now - self.t0, "pid": "system", "label": "system", "role": "system",
+            "rss": sum(r["rss"] or 0 for r in rows), "pss": sum(r["pss"] or 0 for r in rows),
+            "anon_pss": tree_anon_pss,
+            "mem_total": snap.mem_total, "mem_available": snap.mem_available,
+            "cached": snap.cached, "committed_as": snap.committed_as, "swap_used": swap_used,
+            "cgroup_current": snap.cgroup_current, "cgroup_max": snap.cgroup_max,
+            "gpu_active": snap.gpu_active, "outside_processes": outside,
+        }  # fmt: skip
+
+
+def _status_line(t: float, rows: list[dict[str, Any]], system: dict[str, Any]) -> str:
+    available = system["mem_available"]
+    avail = "-" if available is None else f"{available / MiB:,.0f}"
+    return (
+        f"\r[{t:7.1f} s] {len(rows)} processes, RSS {system['rss'] / MiB:,.0f} MiB, "
+        f"MemAvailable {avail} MiB "
+    )
+
+
+def sample_to_csv(
+    pid: int,
+    csv_path: Path,
+    keep_going: Callable[[], bool],
+    interval: float = 0.5,
+    live: IO[str] | None = None,
+) -> Peaks:
+    """Sample ``pid``'s tree into ``csv_path`` every ``interval`` s while ``keep_going()``."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        sampler = Sampler(pid)
+    except psutil.NoSuchProcess:
+        csv_path.write_text(",".join(COLUMNS) + "\n", encoding="utf-8")
+        return Peaks()
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        while keep_going():
+            started = time.monotonic()
+            rows, system = sampler.sample()
+            writer.writerows([*rows, system])
+            f.flush()
+            if live is not None:
+                live.write(_status_line(system["t"], rows, system))
+                live.flush()
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    if live is not None:
+        live.write("\n")
+    return sampler.peaks
+
+
+def run(
+    command: Sequence[str], out_dir: Path, interval: float = 0.5, live: IO[str] | None = None
+) -> tuple[int, Path, Peaks]:
+    """Run ``command`` to its end while sampling; returns (exit code, CSV path, peaks)."""
+    csv_path = out_dir / "monitor.csv"
+    # Its own process group: a terminal's Ctrl-C reaches only us, and we forward it once.
+    child = subprocess.Popen(list(command), start_new_session=True)
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        peaks = sample_to_csv(child.pid, csv_path, lambda: child.poll() is None, interval, live)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        child.wait()
+    code = child.returncode
+    return (128 - code if code < 0 else code), csv_path, peaks
+
+
+def main(command: Sequence[str], out_dir: Path, interval: float) -> int:
+    if not command:
+        print("monitor: give the command to run after --, e.g. "
+              "vllm-xpu-memfix monitor -- vllm serve MODEL", file=sys.stderr)  # fmt: skip
+        return 2
+    if interval <= 0:
+        print(f"monitor: --interval must be positive, got {interval}", file=sys.stderr)
+        return 2
+    live = sys.stderr if sys.stderr.isatty() else None
+    try:
+        code, csv_path, peaks = run(command, out_dir, interval, live)
+    except FileNotFoundError as exc:
+        print(f"monitor: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    print(f"monitor: {csv_path} ({' '.join(command)} exited with {code})")
+    print(peaks.report())
+    return code
