@@ -7,8 +7,17 @@ from vllm_xpu_memfix import config
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
+def _switch_table() -> list[str]:
+    """The lines of the one table under the README's "## Switches" heading."""
+    section = README.split("\n## Switches\n", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| variable"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
 def _row(variable: str) -> list[str]:
-    for line in README.splitlines():
+    for line in _switch_table():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] == f"`{variable}`":
             return cells

@@ -37,7 +37,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = [("fix", "switch", "value", "target", "status")]
     missing = 0
     for fix in config.FIXES:
-        for patch in fixes.MODULES[fix.key].PATCHES:
+        patches = fixes.MODULES[fix.key].PATCHES
+        if not patches:
+            rows.append(
+                (
+                    fix.key,
+                    fix.env,
+                    settings.mode(fix.key).value,
+                    "(none: acts at registration)",
+                    "-",
+                )
+            )
+        for patch in patches:
             status = compat.target_status(root, patch.target)
             missing += status != compat.PRESENT
             rows.append((fix.key, fix.env, settings.mode(fix.key).value, patch.target, status))
@@ -78,6 +89,43 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unit_interval(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import os
+
+    from vllm_xpu_memfix import doctor
+    from vllm_xpu_memfix.memory.checkpoint import CheckpointError
+
+    serve = doctor.ServeArgs(
+        model=Path(args.model) if args.model else None,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        device_memory_gib=args.device_memory_gib,
+    )
+    try:
+        report = doctor.diagnose(config.load(), serve, os.environ)
+    except CheckpointError as exc:
+        print(f"doctor: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if args.json else doctor.render(report, serve))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-xpu-memfix", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -108,6 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--out", help="output directory (default: ./vllm-xpu-memfix-monitor-<time>)")
     mon.add_argument("command_line", nargs=argparse.REMAINDER, help="the command, after --")
     mon.set_defaults(func=cmd_monitor)
+    doc = sub.add_parser(
+        "doctor",
+        help="predict whether a serve command fits in host memory, and why not",
+        description="Takes the arguments of `vllm serve` that matter for memory. "
+        "Reads files only: never loads the model or starts the driver.",
+    )
+    doc.add_argument("model", nargs="?", help="checkpoint directory (safetensors)")
+    doc.add_argument("--model", dest="model_option", help=argparse.SUPPRESS)
+    doc.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
+    doc.add_argument("--gpu-memory-utilization", type=_unit_interval, default=0.92)
+    doc.add_argument("--quantization", "-q")
+    doc.add_argument("--dtype")
+    doc.add_argument("--device-memory-gib", type=float, help="per-GPU memory if sysfs lacks it")
+    doc.add_argument("--json", action="store_true", help="machine-readable output")
+    doc.set_defaults(func=cmd_doctor)
     plt = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plt.add_argument("csv", help="monitor.csv written by 'monitor'")
     plt.add_argument("--ledger", help="directory of ledger JSON lines (VLLM_XPU_MEMFIX_LEDGER_DIR)")
@@ -117,7 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if args.command != "doctor" and unknown:
+        build_parser().parse_args(argv)  # reports the unknown arguments and exits
+    if args.command == "doctor":
+        args.model = args.model or args.model_option
+        if unknown:
+            # Other `vllm serve` flags do not change the host-memory estimate.
+            print(f"doctor: ignoring {' '.join(unknown)}", file=sys.stderr)
     try:
         return int(args.func(args))
     except config.ConfigError as exc:

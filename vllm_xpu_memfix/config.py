@@ -59,6 +59,13 @@ FIXES: tuple[Fix, ...] = (
         summary="Per-rank record of host memory and wall time at each start-up phase.",
         auto_means="on",
     ),
+    Fix(
+        key="driver_env",
+        summary="Sets NEOReadDebugKeys=1 EnableDeferBacking=0 so the Intel driver does not pin a "
+        "host mirror of device memory (compute-runtime >= 26.09, 2+ Battlemage GPUs).",
+        auto_means="when 2+ Battlemage GPUs are visible and the runtime is affected or unknown; "
+        "on: whenever the user has not set the variables",
+    ),
 )
 
 _TRUE = ("1", "on", "true", "yes")
@@ -78,6 +85,13 @@ LEDGER_DIR = Variable(
     doc="Every vLLM process appends its ledger phases as JSON lines to "
     "<dir>/ledger-<hostname>-<pid>.jsonl.",
 )
+SYSROOT = Variable(
+    name=f"{PREFIX}_SYSROOT",
+    default="/",
+    accepted="a directory",
+    doc="Root for the sysfs, dpkg and library look-ups of the driver guard and doctor "
+    "(point it at a recorded tree).",
+)
 
 VARIABLES: tuple[Variable, ...] = (
     MASTER,
@@ -92,6 +106,7 @@ VARIABLES: tuple[Variable, ...] = (
         for fix in FIXES
     ),
     LEDGER_DIR,
+    SYSROOT,
 )
 
 
@@ -100,6 +115,7 @@ class Settings:
     enabled: bool
     modes: Mapping[str, Mode]
     ledger_dir: Path | None = None
+    sysroot: Path = Path("/")
 
     def mode(self, fix_key: str) -> Mode:
         return self.modes[fix_key]
@@ -141,6 +157,14 @@ def _parse_directory(variable: Variable, environ: Mapping[str, str]) -> Path | N
     return path
 
 
+def _parse_sysroot(environ: Mapping[str, str]) -> Path:
+    raw = environ.get(SYSROOT.name, SYSROOT.default)
+    path = Path(raw).expanduser()
+    if not path.is_dir():
+        raise _invalid(SYSROOT.name, raw, "an existing directory")
+    return path
+
+
 def load(environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every plugin variable. Raises :class:`ConfigError` on bad input."""
     env = os.environ if environ is None else environ
@@ -148,6 +172,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         enabled=_parse_master(env),
         modes={fix.key: _parse_mode(fix, env) for fix in FIXES},
         ledger_dir=_parse_directory(LEDGER_DIR, env),
+        sysroot=_parse_sysroot(env),
     )
 
 

@@ -123,19 +123,7 @@ def make_model(
 
 
 def parameter_bytes(directory: str | Path) -> int:
-    """Bytes of tensor data in the checkpoint's safetensors files, read from their headers."""
-    import json
-    import struct
+    """Bytes of tensor data in the checkpoint, read from the safetensors headers."""
+    from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
 
-    total = 0
-    for shard in Path(directory).glob("*.safetensors"):
-        with shard.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        total += sum(
-            end - start
-            for key, meta in header.items()
-            if key != "__metadata__"
-            for start, end in [meta["data_offsets"]]
-        )
-    return total
+    return read_checkpoint(directory).total_bytes

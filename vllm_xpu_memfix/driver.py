@@ -1,0 +1,180 @@
+"""Intel GPUs and the compute-runtime on this host, read from files only.
+
+Nothing here loads Level Zero or any driver library: process 0 must be able to
+decide whether to set driver variables before the driver is started. Every
+path is rooted at a sysroot (``VLLM_XPU_MEMFIX_SYSROOT``), so tests and bug
+reports can point it at a recorded tree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+INTEL_VENDOR = 0x8086
+
+# Battlemage PCI device ids, from compute-runtime's
+# shared/source/xe2_hpg_core/bmg/definitions/device_ids_configs_bmg.h.
+BMG_G21 = frozenset(
+    {0xE202, 0xE209, 0xE20B, 0xE20C, 0xE20D, 0xE210, 0xE211, 0xE212, 0xE215, 0xE216}
+)
+BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
+# Product names seen with an id in public reports: 0xE211 Arc Pro B60 and
+# 0xE223 Arc Pro B70 (compute-runtime #968, llama.cpp SYCL reports).
+KNOWN_PRODUCTS = {0xE211: ("Arc Pro B60", 24), 0xE223: ("Arc Pro B70", 32)}
+
+# The host-mirror regression: from compute-runtime 26.09 (build 37435, first
+# release 26.09.37435.1) on (compute-runtime #953). No fixed release yet; when
+# Intel ships one, set AFFECTED_BEFORE_BUILD to its build number.
+AFFECTED_FROM_BUILD = 37435
+AFFECTED_BEFORE_BUILD: int | None = None
+
+RUNTIME_PACKAGES = ("intel-opencl-icd", "libze-intel-gpu1", "intel-level-zero-gpu")
+LOADER_PACKAGES = ("libze1", "level-zero")
+LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib64",
+    "usr/lib",
+    "usr/local/lib",
+    "opt/intel/oneapi/redist/lib",
+)
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_LIB = re.compile(r"libze_intel_gpu\.so\.1\.(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    card: str
+    device_id: int
+    pci_slot: str
+    vram_bytes: int | None
+
+    @property
+    def family(self) -> str | None:
+        if self.device_id in BMG_G21:
+            return "Battlemage G21"
+        if self.device_id in BMG_G31:
+            return "Battlemage G31"
+        return None
+
+    @property
+    def is_battlemage(self) -> bool:
+        return self.family is not None
+
+    @property
+    def product(self) -> str:
+        known = KNOWN_PRODUCTS.get(self.device_id)
+        return known[0] if known else (self.family or "Intel GPU")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """compute-runtime version as found; ``build`` is the third field (37435 in 26.09.37435.1)."""
+
+    version: str
+    build: int
+    source: str
+
+    @property
+    def affected(self) -> bool:
+        if self.build < AFFECTED_FROM_BUILD:
+            return False
+        return AFFECTED_BEFORE_BUILD is None or self.build < AFFECTED_BEFORE_BUILD
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def intel_gpus(sysroot: Path) -> list[Gpu]:
+    """Intel display/compute devices under ``/sys/class/drm/card*``, in PCI order."""
+    gpus = []
+    drm = sysroot / "sys/class/drm"
+    try:
+        cards = sorted(p for p in drm.iterdir() if re.fullmatch(r"card\d+", p.name))
+    except OSError:
+        return []
+    for card in cards:
+        vendor, device = _read(card / "device/vendor"), _read(card / "device/device")
+        if vendor is None or device is None or int(vendor, 16) != INTEL_VENDOR:
+            continue
+        slot = (_read(card / "device/uevent") or "").partition("PCI_SLOT_NAME=")[2].split("\n")[0]
+        vram = _read(card / "device/tile0/physical_vram_size_bytes")
+        gpus.append(Gpu(card.name, int(device, 16), slot or card.name, int(vram) if vram else None))
+    return sorted(gpus, key=lambda g: g.pci_slot)
+
+
+def _selected_indices(count: int, environ: Mapping[str, str]) -> set[int]:
+    """Indices of the GPUs left visible by ``ZE_AFFINITY_MASK`` and ``ONEAPI_DEVICE_SELECTOR``."""
+    visible = set(range(count))
+    mask = environ.get("ZE_AFFINITY_MASK", "").strip()
+    if mask:
+        # "0,1" or "0.0,1.1" (sub-devices): the root index is before the dot.
+        visible &= {int(p.split(".")[0]) for p in mask.split(",") if p.split(".")[0].isdigit()}
+    selector = environ.get("ONEAPI_DEVICE_SELECTOR", "").strip()
+    if selector:
+        accepted: set[int] = set()
+        discarded: set[int] = set()
+        for term in selector.split(";"):
+            negate = term.startswith("!")
+            backend, _, devices = term.lstrip("!").partition(":")
+            if backend.lower() not in ("level_zero", "*"):
+                continue
+            chosen: set[int] = set()
+            for device in devices.split(","):
+                head = device.split(".")[0].strip().lower()
+                if head in ("*", "gpu"):
+                    chosen |= set(range(count))
+                elif head.isdigit():
+                    chosen.add(int(head))
+            (discarded if negate else accepted).update(chosen)
+        only_negative = all(t.startswith("!") for t in selector.split(";"))
+        visible &= (set(range(count)) if only_negative else accepted) - discarded
+    return visible
+
+
+def visible_gpus(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
+    """The GPUs vLLM will see, in Level Zero's order (PCI order of the Intel devices)."""
+    keep = _selected_indices(len(gpus), environ)
+    return [gpu for i, gpu in enumerate(gpus) if i in keep]
+
+
+def _dpkg_versions(sysroot: Path) -> dict[str, str]:
+    text = _read(sysroot / "var/lib/dpkg/status") or ""
+    versions = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
+        )
+        if "install ok installed" in fields.get("Status", "") and "Package" in fields:
+            versions[fields["Package"]] = fields.get("Version", "")
+    return versions
+
+
+def compute_runtime(sysroot: Path) -> Runtime | None:
+    """The installed compute-runtime, from dpkg's status or the Level Zero driver's file name."""
+    installed = _dpkg_versions(sysroot)
+    for package in RUNTIME_PACKAGES:
+        match = _VERSION.match(installed.get(package, ""))
+        if match:
+            return Runtime(installed[package], int(match.group(3)), f"dpkg: {package}")
+    for directory in LIBRARY_DIRS:
+        try:
+            names = sorted(p.name for p in (sysroot / directory).iterdir())
+        except OSError:
+            continue
+        for name in names:
+            lib = _LIB.fullmatch(name)
+            if lib:
+                return Runtime(f"build {lib.group(2)}", int(lib.group(2)), f"{directory}/{name}")
+    return None
+
+
+def level_zero_loader(sysroot: Path) -> str | None:
+    installed = _dpkg_versions(sysroot)
+    return next((installed[p] for p in LOADER_PACKAGES if p in installed), None)
