@@ -12,11 +12,18 @@ import functools
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 PREFIX = "VLLM_XPU_MEMFIX"
+
+
+def default_lock_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "vllm-xpu-memfix"
+    return Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")
 
 
 class ConfigError(ValueError):
@@ -60,6 +67,12 @@ FIXES: tuple[Fix, ...] = (
         auto_means="on",
     ),
     Fix(
+        key="warmup_lock",
+        summary="Serialises the per-rank Triton JIT warm-ups (qwen_triton_warmup and kin) behind "
+        "a host-wide lock, so only one compilation holds its host memory at a time.",
+        auto_means="on",
+    ),
+    Fix(
         key="driver_env",
         summary="Sets NEOReadDebugKeys=1 EnableDeferBacking=0 so the Intel driver does not pin a "
         "host mirror of device memory (compute-runtime >= 26.09, 2+ Battlemage GPUs).",
@@ -93,6 +106,36 @@ SYSROOT = Variable(
     "(point it at a recorded tree).",
 )
 
+WARMUP_SLOTS = Variable(
+    name=f"{PREFIX}_WARMUP_SLOTS",
+    default="1",
+    accepted="an integer >= 1",
+    doc="How many warm-ups may run at once on the host (or engine).",
+)
+WARMUP_TIMEOUT_S = Variable(
+    name=f"{PREFIX}_WARMUP_TIMEOUT_S",
+    default="900",
+    accepted="seconds > 0",
+    doc="A rank that waited this long logs a WARNING naming the holder and warms up without "
+    "the lock.",
+)
+WARMUP_SCOPE = Variable(
+    name=f"{PREFIX}_WARMUP_SCOPE",
+    default="host",
+    accepted="host, instance",
+    doc="host: every vLLM instance on the host shares the slots; instance: only the ranks of "
+    "one engine do.",
+    choices=("host", "instance"),
+)
+LOCK_DIR = Variable(
+    name=f"{PREFIX}_LOCK_DIR",
+    default="",
+    accepted="an absolute directory path",
+    doc="Where the lock files live; default $XDG_RUNTIME_DIR/vllm-xpu-memfix, else "
+    "/tmp/vllm-xpu-memfix-<uid>. Created with mode 0700; a symlink, another user's or a "
+    "group/world-writable directory is refused.",
+)
+
 VARIABLES: tuple[Variable, ...] = (
     MASTER,
     *(
@@ -107,6 +150,10 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     LEDGER_DIR,
     SYSROOT,
+    WARMUP_SLOTS,
+    WARMUP_TIMEOUT_S,
+    WARMUP_SCOPE,
+    LOCK_DIR,
 )
 
 
@@ -116,6 +163,10 @@ class Settings:
     modes: Mapping[str, Mode]
     ledger_dir: Path | None = None
     sysroot: Path = Path("/")
+    warmup_slots: int = 1
+    warmup_timeout_s: float = 900.0
+    warmup_scope: str = "host"
+    lock_dir: Path = field(default_factory=default_lock_dir)
 
     def mode(self, fix_key: str) -> Mode:
         return self.modes[fix_key]
@@ -157,6 +208,34 @@ def _parse_directory(variable: Variable, environ: Mapping[str, str]) -> Path | N
     return path
 
 
+def _parse_number(variable: Variable, environ: Mapping[str, str], *, integer: bool,
+                  minimum: float) -> float:  # fmt: skip
+    raw = environ.get(variable.name, variable.default)
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise _invalid(variable.name, raw, variable.accepted) from None
+    if value < minimum or (not integer and value == minimum == 0.0):
+        raise _invalid(variable.name, raw, variable.accepted)
+    return value
+
+
+def _parse_choice(variable: Variable, environ: Mapping[str, str]) -> str:
+    raw = environ.get(variable.name, variable.default)
+    if raw.strip().lower() not in variable.choices:
+        raise _invalid(variable.name, raw, variable.accepted)
+    return raw.strip().lower()
+
+
+def _parse_lock_dir(environ: Mapping[str, str]) -> Path:
+    raw = environ.get(LOCK_DIR.name, "")
+    if not raw.strip():
+        return default_lock_dir()
+    if not os.path.isabs(raw):
+        raise _invalid(LOCK_DIR.name, raw, LOCK_DIR.accepted)
+    return Path(raw)
+
+
 def _parse_sysroot(environ: Mapping[str, str]) -> Path:
     raw = environ.get(SYSROOT.name, SYSROOT.default)
     path = Path(raw).expanduser()
@@ -173,6 +252,10 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         modes={fix.key: _parse_mode(fix, env) for fix in FIXES},
         ledger_dir=_parse_directory(LEDGER_DIR, env),
         sysroot=_parse_sysroot(env),
+        warmup_slots=int(_parse_number(WARMUP_SLOTS, env, integer=True, minimum=1)),
+        warmup_timeout_s=_parse_number(WARMUP_TIMEOUT_S, env, integer=False, minimum=0.0),
+        warmup_scope=_parse_choice(WARMUP_SCOPE, env),
+        lock_dir=_parse_lock_dir(env),
     )
 
 

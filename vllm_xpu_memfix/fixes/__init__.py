@@ -6,10 +6,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from vllm_xpu_memfix.config import FIXES, Settings
-from vllm_xpu_memfix.fixes import driver_env, ledger
+from vllm_xpu_memfix.fixes import driver_env, ledger, warmup_lock
 from vllm_xpu_memfix.patching import Patch
 
-MODULES: dict[str, ModuleType] = {module.KEY: module for module in (driver_env, ledger)}
+MODULES: dict[str, ModuleType] = {
+    module.KEY: module for module in (driver_env, warmup_lock, ledger)
+}
 
 assert set(MODULES) == {fix.key for fix in FIXES}, "config.FIXES and fixes.MODULES disagree"
 

@@ -1,0 +1,215 @@
+"""The warm-up lock: real vLLM warm-up functions in several processes, crash safety,
+time-out, lock-directory safety, and the allow-list against the installed source."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_memfix import config
+from vllm_xpu_memfix.fixes import warmup_lock
+from vllm_xpu_memfix.host_lock import HostSemaphore, LockDirError, prepare_lock_dir
+
+HELPERS = Path(__file__).parent / "helpers"
+
+
+def base_env(lock_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_MEMFIX")}
+    return {**env, "VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), **extra}
+
+
+def max_overlap(intervals: list[list[float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    depth = best = 0
+    for _, step in events:
+        depth += step
+        best = max(best, depth)
+    return best
+
+
+def race(tmp_path: Path, **env: str) -> list[list[float]]:
+    pytest.importorskip("vllm")
+    result = subprocess.run(
+        [sys.executable, str(HELPERS / "warmup_race.py"), "4"],
+        env=base_env(tmp_path / "locks", **env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_one_slot_serialises_the_real_qwen_warmup(tmp_path):
+    intervals = race(tmp_path)
+    assert len(intervals) == 4
+    assert max_overlap(intervals) == 1
+
+
+def test_two_slots_let_two_run_at_once(tmp_path):
+    assert max_overlap(race(tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")) == 2
+
+
+def test_with_the_fix_off_they_overlap(tmp_path):
+    assert max_overlap(race(tmp_path, VLLM_XPU_MEMFIX_WARMUP_LOCK="off")) >= 3
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from vllm_xpu_memfix.host_lock import HostSemaphore
+with HostSemaphore(Path(sys.argv[1]), sys.argv[2], 1).hold(timeout_s=5) as holding:
+    assert holding.acquired
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def start_holder(lock_dir: Path, name: str) -> subprocess.Popen[str]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock_dir), name], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_a_killed_holder_frees_its_slot_within_a_second(tmp_path):
+    lock_dir = tmp_path / "locks"
+    holder = start_holder(lock_dir, "warmup")
+    try:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        killed_at = time.monotonic()
+        with HostSemaphore(lock_dir, "warmup", 1).hold(timeout_s=5) as holding:
+            assert holding.acquired
+            assert time.monotonic() - killed_at < 1.0
+    finally:
+        holder.kill()
+
+
+def test_time_out_proceeds_without_the_lock_and_names_the_holder(tmp_path, caplog):
+    lock_dir = tmp_path / "locks"
+    holder = start_holder(lock_dir, "warmup")
+    try:
+        settings = config.load(
+            {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), "VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": "2"}
+        )
+        warmup_lock.activate(settings)
+        ran = []
+        wrapper = warmup_lock._serialised("qwen_triton_warmup")
+        started = time.monotonic()
+        wrapper(lambda: ran.append(True), None, (), {})
+        waited = time.monotonic() - started
+        assert ran == [True]
+        assert 2.0 <= waited < 4.0
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any(f"pid {holder.pid}" in w and "gave up after 2." in w for w in warnings), warnings
+    finally:
+        warmup_lock.activate(None)  # type: ignore[arg-type]
+        holder.kill()
+        holder.wait()
+
+
+def test_three_instances_share_the_host_scope_without_deadlock(tmp_path):
+    """Three engines (distinct parents, so distinct instance keys) still queue on one host lock."""
+    code = (
+        "import json, subprocess, sys\n"
+        "p = subprocess.run([sys.executable, sys.argv[1], '1'], capture_output=True, text=True)\n"
+        "print(p.stdout.strip().splitlines()[-1] if p.returncode == 0 else p.stderr)\n"
+    )
+    env = base_env(tmp_path / "locks", VLLM_XPU_MEMFIX_WARMUP_SCOPE="host")
+    engines = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(HELPERS / "warmup_race.py")],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [engine.communicate(timeout=180)[0] for engine in engines]
+    intervals = [json.loads(out.strip().splitlines()[-1])[0] for out in outputs]
+    assert len(intervals) == 3
+    assert max_overlap(intervals) == 1
+
+
+def test_lock_dir_is_created_private(tmp_path):
+    path = prepare_lock_dir(tmp_path / "new")
+    assert (path.stat().st_mode & 0o777) == 0o700
+
+
+def test_symlinked_lock_dir_is_refused(tmp_path):
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(LockDirError, match="is a symlink; refusing"):
+        prepare_lock_dir(tmp_path / "link")
+
+
+def test_world_writable_lock_dir_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(LockDirError, match=r"group- or world-writable .*mode 777"):
+        prepare_lock_dir(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_foreign_owned_lock_dir_is_refused(tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    with pytest.raises(LockDirError, match="owned by uid 65534"):
+        prepare_lock_dir(foreign)
+
+
+def test_relative_lock_dir_setting_is_refused():
+    with pytest.raises(config.ConfigError, match="VLLM_XPU_MEMFIX_LOCK_DIR='locks'"):
+        config.load({"VLLM_XPU_MEMFIX_LOCK_DIR": "locks"})
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_bad_slot_counts_are_refused(value):
+    with pytest.raises(config.ConfigError, match="VLLM_XPU_MEMFIX_WARMUP_SLOTS"):
+        config.load({"VLLM_XPU_MEMFIX_WARMUP_SLOTS": value})
+
+
+def test_only_allow_listed_process_local_warmups_are_wrapped():
+    """Fails if a patch wraps a name off the allow-list, or an allow-listed name is called
+    where kernel_warmup may already have run collectives (after `if process_local_only`)."""
+    from vllm_xpu_memfix import compat
+
+    for patch in warmup_lock.PATCHES:
+        module, _, name = patch.target.partition(":")
+        assert module == warmup_lock.MODULE and name in warmup_lock.ALLOWED, patch.target
+    root = compat.installed_vllm_root()
+    if root is None:
+        pytest.skip("vLLM is not installed")
+    source = (root / "vllm/model_executor/warmup/kernel_warmup.py").read_text()
+    function = next(
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef) and n.name == "kernel_warmup"
+    )
+    local_only_line = next(
+        n.lineno
+        for n in ast.walk(function)
+        if isinstance(n, ast.If) and "process_local_only" in ast.unparse(n.test)
+    )
+    calls = {
+        n.func.id: n.lineno
+        for n in ast.walk(function)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    for name in warmup_lock.ALLOWED:
+        assert name in calls, f"{name} is not called by kernel_warmup any more"
+        assert calls[name] < local_only_line, (
+            f"{name} is called after the collective section starts"
+        )

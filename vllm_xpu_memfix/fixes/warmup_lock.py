@@ -1,0 +1,91 @@
+"""Warm-up lock: one rank at a time JIT-compiles the per-process Triton warm-ups.
+
+Problem
+    Every TP rank of a host starts vLLM's Qwen Triton warm-up in the same
+    second (llm-scaler #703); Triton and LLVM compilation cost host RAM in each
+    process, and several vLLM instances on one box add up.
+Mechanism
+    Wraps the process-local JIT warm-ups that
+    ``vllm.model_executor.warmup.kernel_warmup.kernel_warmup`` calls, by their
+    names in that module, in a host-wide counting semaphore of file locks
+    (``host_lock``). A rank that waits finds the kernels already compiled when
+    the ranks share a Triton cache (eager mode). Nothing that runs a collective
+    is ever wrapped: a rank blocked on a host lock while its peers wait in an
+    all-reduce would deadlock. ``ALLOWED`` is that explicit list; each name is
+    called in ``kernel_warmup`` before its ``if process_local_only: return``.
+Targets
+    ``vllm.model_executor.warmup.kernel_warmup:qwen_triton_warmup``,
+    ``:qwen_vl_triton_warmup``, ``:mamba_triton_warmup`` (module attributes,
+    imported from their own modules, vLLM >= 0.28, PR #47546).
+Switch
+    ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto = on); ``VLLM_XPU_MEMFIX_WARMUP_SLOTS``,
+    ``_WARMUP_TIMEOUT_S``, ``_WARMUP_SCOPE`` (host | instance), ``_LOCK_DIR``.
+Upstream
+    A small change to ``kernel_warmup``: hold a node-local lock around the
+    process-local JIT section; see docs/upstream/warmup-lock.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.host_lock import Holding, HostSemaphore, LockDirError
+from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.patching import Patch
+
+logger = get_logger("warmup_lock")
+
+KEY = "warmup_lock"
+MODULE = "vllm.model_executor.warmup.kernel_warmup"
+# Process-local JIT warm-ups only: no collective runs inside any of them.
+ALLOWED = ("qwen_triton_warmup", "qwen_vl_triton_warmup", "mamba_triton_warmup")
+
+_settings: Settings | None = None
+
+
+def activate(settings: Settings) -> None:
+    global _settings
+    _settings = settings
+
+
+def semaphore(settings: Settings) -> HostSemaphore:
+    # Every rank of one engine shares its parent, the EngineCore process.
+    name = "warmup" if settings.warmup_scope == "host" else f"warmup-engine{os.getppid()}"
+    return HostSemaphore(settings.lock_dir, name, settings.warmup_slots)
+
+
+def _serialised(name: str) -> Any:
+    def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        settings = _settings
+        if settings is None:
+            return wrapped(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            holding: Holding | None = None
+            try:
+                holding = stack.enter_context(semaphore(settings).hold(settings.warmup_timeout_s))
+            except (LockDirError, OSError) as exc:
+                logger.error(
+                    "vllm-xpu-memfix: warm-up lock unusable, %s runs unlocked: %s", name, exc
+                )
+            if holding is not None and not holding.acquired:
+                logger.warning(
+                    "vllm-xpu-memfix: warm-up lock: gave up after %.1f s waiting for %s; "
+                    "running %s without the lock (VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S)",
+                    holding.waited_s, holding.waited_for, name,
+                )  # fmt: skip
+            result = wrapped(*args, **kwargs)
+        if holding is not None and holding.acquired:
+            whom = f" for {holding.waited_for}" if holding.waited_for else ""
+            logger.info(
+                "vllm-xpu-memfix: warm-up lock: %s waited %.1f s%s, held %.1f s",
+                name, holding.waited_s, whom, holding.held_s,
+            )  # fmt: skip
+        return result
+
+    return wrapper
+
+
+PATCHES = tuple(Patch(KEY, f"{MODULE}:{name}", _serialised(name)) for name in ALLOWED)
