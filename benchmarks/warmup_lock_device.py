@@ -51,10 +51,11 @@ def stand_in_layer(device):
 
 device = torch.device("cuda")
 torch.ones(1, device=device)
+context = {"layer": stand_in_layer(device)}
 runner = SimpleNamespace(device=device, max_num_tokens=8192, is_pooling_model=False,
-                         compilation_config=SimpleNamespace(static_forward_context={"l": stand_in_layer(device)}))
-model_config = SimpleNamespace(hf_text_config=SimpleNamespace(model_type="qwen3_5_text"),
-                               hf_config=SimpleNamespace(model_type="qwen3_5_text"), dtype=torch.bfloat16)
+                         compilation_config=SimpleNamespace(static_forward_context=context))
+qwen = SimpleNamespace(model_type="qwen3_5_text")
+model_config = SimpleNamespace(hf_text_config=qwen, hf_config=qwen, dtype=torch.bfloat16)
 warmup = qtw.qwen_triton_warmup
 via = "direct"
 if os.environ.get("LOCK") == "on":
