@@ -87,12 +87,12 @@ def test_switching_a_fix_off_leaves_its_targets_alone():
         """
         import vllm_xpu_memfix as m
         m.register()
-        print(sorted(fix for fix, _ in m.PATCHER.states()))
+        print(" ".join(sorted({fix for fix, _ in m.PATCHER.states()})))
         """,
         env={"VLLM_XPU_MEMFIX_LEDGER": "off"},
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert result.stdout.split() == ["warmup_lock"], "only the fixes left on install patches"
     assert "off: ledger" in result.stderr
 
 
