@@ -58,6 +58,14 @@ qwen = SimpleNamespace(model_type="qwen3_5_text")
 model_config = SimpleNamespace(hf_text_config=qwen, hf_config=qwen, dtype=torch.bfloat16)
 warmup = qtw.qwen_triton_warmup
 via = "direct"
+if os.environ.get("TRIM") == "1":
+    import ctypes, gc
+    libc = ctypes.CDLL("libc.so.6")
+    compile_only = warmup
+    def warmup(r, m):
+        compile_only(r, m)
+        gc.collect()
+        libc.malloc_trim(0)
 if os.environ.get("LOCK") == "on":
     import vllm_xpu_memfix
     from vllm_xpu_memfix import config
@@ -72,7 +80,11 @@ sys.stdin.readline()
 started = time.time()
 warmup(runner, model_config)
 torch.cuda.synchronize()
-print("done", started, time.time(), flush=True)
+def own_rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+print("done", started, time.time(), own_rss(), flush=True)
 sys.stdin.readline()
 """
 
@@ -85,13 +97,14 @@ def rss(pid: int) -> int:
     return 0
 
 
-def run_once(lock: bool, shared_cache: bool, workdir: Path) -> dict:
+def run_once(lock: bool, trim: bool, shared_cache: bool, workdir: Path) -> dict:
     cache_root = Path(tempfile.mkdtemp(dir=workdir, prefix="triton-"))
     procs = []
     for rank in range(RANKS):
         env = dict(os.environ)
         env["TRITON_CACHE_DIR"] = str(cache_root / ("shared" if shared_cache else f"rank{rank}"))
         env["LOCK"] = "on" if lock else "off"
+        env["TRIM"] = "1" if trim else "0"
         env["VLLM_XPU_MEMFIX_LOCK_DIR"] = str(workdir / "locks")
         procs.append(
             subprocess.Popen(
@@ -125,21 +138,23 @@ def run_once(lock: bool, shared_cache: bool, workdir: Path) -> dict:
         for stream in ready:
             p = next(q for q in procs if q.stdout is stream)
             fields = p.stdout.readline().split()
-            done[p.pid] = (float(fields[1]), float(fields[2]))
-    wall = max(end for _, end in done.values()) - go
+            done[p.pid] = (float(fields[1]), float(fields[2]), int(fields[3]))
+    wall = max(end for _, end, _ in done.values()) - go
     for p in procs:
         p.stdin.write("\n")
         p.stdin.flush()
         p.wait(timeout=60)
     return {
         "lock": lock,
+        "trim": trim,
         "shared_cache": shared_cache,
         "via": sorted(via),
         "peak_summed_transient_mib": peak_sum / MiB,
         "peak_transient_per_rank_mib": [v / MiB for v in peak_each.values()],
         "max_single_transient_mib": max(peak_each.values()) / MiB,
         "baseline_rss_mib": statistics.median(baseline.values()) / MiB,
-        "warmup_s_per_rank": [round(e - s, 2) for s, e in done.values()],
+        "retained_after_warmup_mib": [(done[p.pid][2] - baseline[p.pid]) / MiB for p in procs],
+        "warmup_s_per_rank": [round(e - s, 2) for s, e, _ in done.values()],
         "wall_s": wall,
     }
 
@@ -154,8 +169,8 @@ def main() -> int:
     results = []
     for repeat in range(args.repeats):
         for shared in (True, False):
-            for lock in (False, True):
-                result = run_once(lock, shared, workdir)
+            for lock, trim in ((False, False), (True, False), (True, True)):
+                result = run_once(lock, trim, shared, workdir)
                 result["repeat"] = repeat
                 results.append(result)
                 print(json.dumps(result), flush=True)
