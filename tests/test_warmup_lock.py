@@ -213,3 +213,27 @@ def test_only_allow_listed_process_local_warmups_are_wrapped():
         assert calls[name] < local_only_line, (
             f"{name} is called after the collective section starts"
         )
+
+
+@pytest.mark.parametrize(("mode", "waits"), [("auto", False), ("on", True)])
+def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatch, mode, waits):
+    """vLLM's compiled mode gives each rank its own Triton cache: waiting would save nothing."""
+    lock_dir = tmp_path / "locks"
+    holder = start_holder(lock_dir, "warmup")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache/abc/rank_1_0/triton_cache"))
+    try:
+        settings = config.load(
+            {
+                "VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir),
+                "VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": "1.5",
+                "VLLM_XPU_MEMFIX_WARMUP_LOCK": mode,
+            }
+        )
+        warmup_lock.activate(settings)
+        started = time.monotonic()
+        warmup_lock._serialised("qwen_triton_warmup")(lambda: None, None, (), {})
+        assert (time.monotonic() - started >= 1.5) is waits
+    finally:
+        warmup_lock.activate(None)  # type: ignore[arg-type]
+        holder.kill()
+        holder.wait()

@@ -70,7 +70,8 @@ FIXES: tuple[Fix, ...] = (
         key="warmup_lock",
         summary="Serialises the per-rank Triton JIT warm-ups (qwen_triton_warmup and kin) behind "
         "a host-wide lock, so only one compilation holds its host memory at a time.",
-        auto_means="on",
+        auto_means="on where the ranks share a Triton cache (eager mode); off where each rank "
+        "compiles into its own (compiled mode), since waiting then saves nothing",
     ),
     Fix(
         key="driver_env",

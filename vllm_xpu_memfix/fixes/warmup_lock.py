@@ -18,7 +18,9 @@ Targets
     ``:qwen_vl_triton_warmup``, ``:mamba_triton_warmup`` (module attributes,
     imported from their own modules, vLLM >= 0.28, PR #47546).
 Switch
-    ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto = on); ``VLLM_XPU_MEMFIX_WARMUP_SLOTS``,
+    ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto: on, except where the rank compiles into
+    its own Triton cache, i.e. vLLM's compiled mode: measured, waiting then saves
+    nothing and costs start-up time); ``VLLM_XPU_MEMFIX_WARMUP_SLOTS``,
     ``_WARMUP_TIMEOUT_S``, ``_WARMUP_SCOPE`` (host | instance), ``_LOCK_DIR``.
 Upstream
     A small change to ``kernel_warmup``: hold a node-local lock around the
@@ -29,9 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
-from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.host_lock import Holding, HostSemaphore, LockDirError
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch
@@ -39,6 +43,8 @@ from vllm_xpu_memfix.patching import Patch
 logger = get_logger("warmup_lock")
 
 KEY = "warmup_lock"
+SWITCH = "VLLM_XPU_MEMFIX_WARMUP_LOCK"
+_RANK_DIR = re.compile(r"[/\\]rank_\d+_\d+[/\\]")
 MODULE = "vllm.model_executor.warmup.kernel_warmup"
 # Process-local JIT warm-ups only: no collective runs inside any of them.
 ALLOWED = ("qwen_triton_warmup", "qwen_vl_triton_warmup", "mamba_triton_warmup")
@@ -57,10 +63,31 @@ def semaphore(settings: Settings) -> HostSemaphore:
     return HostSemaphore(settings.lock_dir, name, settings.warmup_slots)
 
 
+def per_rank_triton_cache(environ: Mapping[str, str]) -> str | None:
+    """The Triton cache directory if it is this rank's own, else ``None``.
+
+    In compiled mode vLLM points ``TRITON_CACHE_DIR`` into the rank's compile
+    cache (``.../rank_<rank>_<dp_rank>/triton_cache``); eager mode leaves
+    Triton's shared default.
+    """
+    cache = environ.get("TRITON_CACHE_DIR", "")
+    return cache if _RANK_DIR.search(cache) else None
+
+
 def _serialised(name: str) -> Any:
     def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         settings = _settings
         if settings is None:
+            return wrapped(*args, **kwargs)
+        own_cache = per_rank_triton_cache(os.environ)
+        if own_cache and settings.mode(KEY) is Mode.AUTO:
+            # Measured on an H200 (docs/warmup-lock.md): with per-rank caches every rank
+            # compiles anyway and keeps what it compiled, so waiting saves no memory.
+            logger.info(
+                "vllm-xpu-memfix: warm-up lock not used for %s: this rank compiles into its own "
+                "Triton cache (%s), so waiting saves no host memory (%s=on forces the lock)",
+                name, own_cache, SWITCH,
+            )  # fmt: skip
             return wrapped(*args, **kwargs)
         with contextlib.ExitStack() as stack:
             holding: Holding | None = None
