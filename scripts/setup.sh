@@ -19,3 +19,10 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 "$VENV/bin/python" -m pip install --quiet -e ".[test,plot]"
+
+# The host-release tests also run under jemalloc and tcmalloc (Debian packages).
+if [ ! -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing libjemalloc2 and libtcmalloc-minimal4 for the allocator tests"
+    (apt-get update -qq && apt-get install -y -qq libjemalloc2 libtcmalloc-minimal4) >/dev/null \
+        || echo "setup: could not install them; those tests will be skipped" >&2
+fi

@@ -11,6 +11,8 @@ import importlib.util
 from pathlib import Path
 
 PRESENT = "present"
+# Modules only Intel's llm-scaler images ship; upstream vLLM lacks them by design.
+INTEL_IMAGE_MODULES = frozenset({"vllm.model_executor.layers.quantization.sym_int4"})
 
 
 def installed_vllm_root() -> Path | None:
@@ -51,7 +53,8 @@ def target_status(root: Path, target: str) -> str:
     module, _, attr_path = target.partition(":")
     path = _module_file(root, module)
     if path is None:
-        return f"missing: module {module}"
+        only_intel = " (Intel's images only)" if module in INTEL_IMAGE_MODULES else ""
+        return f"missing: module {module}{only_intel}"
     body: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8"), str(path)).body
     for depth, part in enumerate(attr_path.split(".")):
         node = _names_bound(body).get(part)

@@ -67,6 +67,13 @@ FIXES: tuple[Fix, ...] = (
         auto_means="on",
     ),
     Fix(
+        key="host_release",
+        summary="After weights are loaded and processed, reports host tensors the model still "
+        "holds, releases matching staging attributes and gives freed memory back to the OS "
+        "(gc, empty_cache, malloc_trim or the tcmalloc/jemalloc equivalent).",
+        auto_means="on",
+    ),
+    Fix(
         key="warmup_lock",
         summary="Serialises the per-rank Triton JIT warm-ups (qwen_triton_warmup and kin) behind "
         "a host-wide lock, so only one compilation holds its host memory at a time.",
@@ -107,6 +114,27 @@ SYSROOT = Variable(
     "(point it at a recorded tree).",
 )
 
+RELEASE_ATTRS = Variable(
+    name=f"{PREFIX}_RELEASE_ATTRS",
+    default="",
+    accepted="comma-separated fnmatch patterns of module attribute names",
+    doc="Plain module attributes holding host tensors that host_release deletes (e.g. "
+    "'*_bf16_cpu,model.layers.*._staging'); registered parameters and buffers never match.",
+)
+RELEASE_EVERY_MIB = Variable(
+    name=f"{PREFIX}_RELEASE_EVERY_MIB",
+    default="1024",
+    accepted="an integer >= 0 (0: only after loading)",
+    doc="With Intel's sym_int4, give memory back after every this many MiB of per-layer "
+    "host staging.",
+)
+DROP_PAGE_CACHE = Variable(
+    name=f"{PREFIX}_DROP_PAGE_CACHE",
+    default="off",
+    accepted="on, off",
+    doc="After loading, advise the kernel to drop the checkpoint's pages from the page cache.",
+    choices=("on", "off"),
+)
 WARMUP_SLOTS = Variable(
     name=f"{PREFIX}_WARMUP_SLOTS",
     default="1",
@@ -151,6 +179,9 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     LEDGER_DIR,
     SYSROOT,
+    RELEASE_ATTRS,
+    RELEASE_EVERY_MIB,
+    DROP_PAGE_CACHE,
     WARMUP_SLOTS,
     WARMUP_TIMEOUT_S,
     WARMUP_SCOPE,
@@ -164,6 +195,9 @@ class Settings:
     modes: Mapping[str, Mode]
     ledger_dir: Path | None = None
     sysroot: Path = Path("/")
+    release_attrs: tuple[str, ...] = ()
+    release_every_mib: int = 1024
+    drop_page_cache: bool = False
     warmup_slots: int = 1
     warmup_timeout_s: float = 900.0
     warmup_scope: str = "host"
@@ -253,6 +287,11 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         modes={fix.key: _parse_mode(fix, env) for fix in FIXES},
         ledger_dir=_parse_directory(LEDGER_DIR, env),
         sysroot=_parse_sysroot(env),
+        release_attrs=tuple(
+            p.strip() for p in env.get(RELEASE_ATTRS.name, "").split(",") if p.strip()
+        ),
+        release_every_mib=int(_parse_number(RELEASE_EVERY_MIB, env, integer=True, minimum=0)),
+        drop_page_cache=_parse_choice(DROP_PAGE_CACHE, env) == "on",
         warmup_slots=int(_parse_number(WARMUP_SLOTS, env, integer=True, minimum=1)),
         warmup_timeout_s=_parse_number(WARMUP_TIMEOUT_S, env, integer=False, minimum=0.0),
         warmup_scope=_parse_choice(WARMUP_SCOPE, env),

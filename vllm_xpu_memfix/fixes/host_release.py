@@ -1,0 +1,149 @@
+"""Host release: after weights are loaded and processed, give host memory back to the OS.
+
+Problem
+    Host RAM stays high after vLLM has loaded and processed the weights (vllm
+    #50269; static FP8 did not help, so it is not only quantization).
+    On-the-fly ``sym_int4`` stages every layer on the host (bf16 -> fp32 ->
+    int4) in every rank at once; glibc keeps the freed chunks in its arenas;
+    module attributes can keep host tensors alive (tenstorrent vllm #161, vllm
+    #36537); checkpoint pages stay in the page cache, charged to the
+    container. vLLM up to 0.34 never calls ``malloc_trim``.
+Mechanism
+    Right after ``Worker.load_model`` (weights loaded and processed, KV cache
+    not yet sized): report host tensors the model still holds on a device
+    worker; delete plain attributes matching ``VLLM_XPU_MEMFIX_RELEASE_ATTRS``
+    (registered parameters and buffers never); ``gc.collect()``, the
+    accelerator's ``empty_cache()`` and the allocator's release call (glibc
+    ``malloc_trim``, tcmalloc ``MallocExtension_ReleaseFreeMemory``, jemalloc
+    ``arena.<all>.purge``); optionally ``posix_fadvise(DONTNEED)`` on the
+    checkpoint's shards. With Intel's ``sym_int4``, also trims after every
+    ``VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB`` of per-layer staging, so retention
+    cannot build up across layers. No built-in attribute patterns: the staging
+    of llm-scaler's ``sym_int4`` and of vLLM's ``device_loading_context`` is
+    deleted by their own code in the versions read; the audit reports anything
+    left for the user to match.
+Targets
+    ``vllm.v1.worker.gpu_worker:Worker.load_model`` (XPUWorker and CPUWorker
+    inherit it); ``vllm.model_executor.layers.quantization.sym_int4:
+    _quantize_linear_int4_inplace`` (Intel's images only; module global called
+    per layer).
+Switch
+    ``VLLM_XPU_MEMFIX_HOST_RELEASE`` (auto = on); ``_RELEASE_ATTRS``,
+    ``_RELEASE_EVERY_MIB``, ``_DROP_PAGE_CACHE``.
+Upstream
+    ``malloc_trim`` after ``process_weights_after_loading`` in
+    ``BaseModelLoader.load_model``; see docs/upstream/host-release.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.patching import Patch
+
+logger = get_logger("host_release")
+
+KEY = "host_release"
+MiB = 1024**2
+# Host bytes staged per parameter of a sym_int4 layer: bf16 copy, fp32 upcast, int4, scales.
+STAGING_BYTES_PER_PARAM = 2 + 4 + 0.5 + 2 / 128
+
+_settings: Settings | None = None
+_staged_since_trim = 0.0
+
+
+def activate(settings: Settings) -> None:
+    global _settings
+    _settings = settings
+
+
+def _rss_anon() -> int:
+    from vllm_xpu_memfix.memory.snapshot import take_self
+
+    return take_self(pss=False).rss_anon or 0
+
+
+def drop_page_cache(directory: Path) -> int:
+    """``POSIX_FADV_DONTNEED`` on every safetensors shard; returns the bytes advised."""
+    advised = 0
+    for shard in sorted(directory.glob("*.safetensors")):
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            advised += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return advised
+
+
+def release_after_load(instance: Any, settings: Settings) -> str:
+    """Do the release for one worker; returns the log line."""
+    from vllm_xpu_memfix.memory import allocator, audit
+
+    started = time.perf_counter()
+    before = _rss_anon()
+    model = instance.model_runner.get_model()
+    on_device = getattr(getattr(instance, "device", None), "type", "cpu") != "cpu"
+    if on_device:
+        for leftover in audit.find_host_tensors(model)[:5]:
+            logger.info("vllm-xpu-memfix: host tensor still held after loading: %s", leftover)
+    released = audit.release_matching(model, settings.release_attrs)
+    attr_bytes = sum(t.nbytes for t in released)
+    freed = allocator.release_free_memory()
+    after = _rss_anon()
+    parts = [
+        f"RssAnon {before / MiB:,.0f} -> {after / MiB:,.0f} MiB ({(after - before) / MiB:+,.0f})",
+        f"attributes released {len(released)} ({attr_bytes / MiB:,.0f} MiB)",
+        f"{freed.allocator} release {'done' if freed.released else 'unavailable'}",
+        f"gc {freed.gc_s:.2f} s, trim {freed.trim_s * 1e3:.0f} ms",
+    ]
+    if settings.drop_page_cache:
+        model_dir = Path(str(getattr(instance.model_config, "model", "")))
+        if model_dir.is_dir():
+            parts.append(f"page cache advised off {drop_page_cache(model_dir) / MiB:,.0f} MiB")
+    parts.append(f"total {time.perf_counter() - started:.2f} s")
+    return f"vllm-xpu-memfix: rank {getattr(instance, 'rank', '?')} host release: " + "; ".join(
+        parts
+    )
+
+
+def _after_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    result = wrapped(*args, **kwargs)
+    if _settings is not None:
+        try:
+            logger.info("%s", release_after_load(instance, _settings))
+        except Exception:
+            logger.exception("vllm-xpu-memfix: host release failed; vLLM continues")
+    return result
+
+
+def _after_quantized_layer(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+    global _staged_since_trim
+    layer = args[0] if args else kwargs.get("layer")
+    weight = getattr(layer, "weight", None)
+    numel = weight.numel() if weight is not None else 0
+    result = wrapped(*args, **kwargs)
+    every = _settings.release_every_mib if _settings is not None else 0
+    if every:
+        _staged_since_trim += numel * STAGING_BYTES_PER_PARAM
+        if _staged_since_trim >= every * MiB:
+            from vllm_xpu_memfix.memory import allocator
+
+            allocator.trim()  # the staging died with its references; no gc needed here
+            _staged_since_trim = 0.0
+    return result
+
+
+PATCHES = (
+    Patch(KEY, "vllm.v1.worker.gpu_worker:Worker.load_model", _after_load_model),
+    Patch(
+        KEY,
+        "vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace",
+        _after_quantized_layer,
+    ),
+)
