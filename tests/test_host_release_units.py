@@ -100,3 +100,43 @@ def test_release_matching_deletes_attributes_never_parameters():
     assert all(isinstance(layer.weight, torch.nn.Parameter) for layer in m.layers)
     assert all(layer.scale.shape == (512, 1024) for layer in m.layers)
     assert len(m.layers[1].copies) == 2, "containers are reported, not torn apart"
+
+
+def test_sym_int4_layers_trigger_a_trim_every_n_mib_of_staging(monkeypatch):
+    """Intel's sym_int4 is not on this test bed: a stand-in module with its per-layer function's
+    name and call shape (a layer whose .weight is the bf16 weight) plays it."""
+    import types
+
+    from vllm_xpu_memfix import config
+    from vllm_xpu_memfix.fixes import host_release
+    from vllm_xpu_memfix.patching import Patcher
+
+    name = "vllm.model_executor.layers.quantization.sym_int4"
+    stand_in = types.ModuleType(name)
+    quantized = []
+
+    def _quantize_linear_int4_inplace(layer):
+        quantized.append(layer.weight.numel())
+        layer.weight = None
+
+    stand_in._quantize_linear_int4_inplace = _quantize_linear_int4_inplace
+    monkeypatch.setitem(sys.modules, name, stand_in)
+    trims = []
+    monkeypatch.setattr(allocator, "trim", lambda: trims.append(len(quantized)) or True)
+    monkeypatch.setattr(host_release, "_staged_since_trim", 0.0)
+    host_release.activate(config.load({"VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB": "64"}))
+    patcher = Patcher()
+    try:
+        for patch in host_release.PATCHES:
+            if patch.module == name:
+                patcher.install(patch)
+        # 4096 x 1024 params stage ~26 MiB each (6.5 bytes per parameter): a trim every 3rd layer.
+        for _ in range(7):
+            layer = types.SimpleNamespace(weight=torch.zeros(4096, 1024, dtype=torch.bfloat16))
+            stand_in._quantize_linear_int4_inplace(layer)
+            assert layer.weight is None
+    finally:
+        patcher.revert_all()
+        host_release.activate(None)  # type: ignore[arg-type]
+    assert len(quantized) == 7
+    assert trims == [3, 6]
