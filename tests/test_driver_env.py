@@ -114,6 +114,18 @@ def test_bad_sysroot_is_a_clear_error(tmp_path):
         config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(tmp_path / "missing")})
 
 
+def run_script(script: Path, code: str, sysroot: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a script (spawn needs a file) on ``sysroot``, without guard variables."""
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k not in driver_env.GUARD_ENV}
+    env["VLLM_XPU_MEMFIX_SYSROOT"] = str(sysroot)
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_spawned_children_inherit_what_process_0_set(tmp_path):
     root = build_host(tmp_path / "host", [B70] * 4)
     code = textwrap.dedent(
@@ -134,14 +146,7 @@ def test_spawned_children_inherit_what_process_0_set(tmp_path):
             child.join()
         """
     )
-    script = tmp_path / "spawn_check.py"
-    script.write_text(code)
-    env = {k: v for k, v in os.environ.items() if k not in driver_env.GUARD_ENV}
-    env["VLLM_XPU_MEMFIX_SYSROOT"] = str(root)
-    result = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_script(tmp_path / "spawn_check.py", code, root)
     assert json.loads(result.stdout) == {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
     warning = [line for line in result.stderr.splitlines() if "EnableDeferBacking=0" in line]
     assert len(warning) == 1
@@ -171,14 +176,7 @@ def test_a_worker_that_did_not_inherit_the_variables_sets_them_itself(tmp_path):
             print(json.dumps({k: os.environ.get(k) for k in ("EnableDeferBacking",)}))
         """
     )
-    script = tmp_path / "worker_check.py"
-    script.write_text(code)
-    env = {k: v for k, v in os.environ.items() if k not in driver_env.GUARD_ENV}
-    env["VLLM_XPU_MEMFIX_SYSROOT"] = str(root)
-    result = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_script(tmp_path / "worker_check.py", code, root)
     child, parent = (json.loads(line) for line in result.stdout.splitlines())
     assert child == {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
     assert parent == {"EnableDeferBacking": None}, "the parent never registered the plugin"
