@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +13,12 @@ from vllm_xpu_memfix.demo.tiny_model import make_model
 DEFAULT_WORKDIR = Path("vllm-xpu-memfix-demo")
 
 
+_PLUGIN_LINE = re.compile(r"\] vllm-xpu-memfix[ :]")
+
+
 def plugin_lines(log_text: str) -> list[str]:
-    return [line for line in log_text.splitlines() if "vllm-xpu-memfix" in line]
+    """Lines the plugin logged (its messages start with its name), not others that mention it."""
+    return [line for line in log_text.splitlines() if _PLUGIN_LINE.search(line)]
 
 
 def ledger_report(log_text: str) -> list[str]:
