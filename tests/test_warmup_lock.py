@@ -237,3 +237,10 @@ def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatc
         warmup_lock.activate(None)  # type: ignore[arg-type]
         holder.kill()
         holder.wait()
+
+
+def test_default_lock_dir_is_per_user():
+    assert config.load({"XDG_RUNTIME_DIR": "/run/user/1000"}).lock_dir == Path(
+        "/run/user/1000/vllm-xpu-memfix"
+    )
+    assert config.load({}).lock_dir == Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")

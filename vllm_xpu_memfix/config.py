@@ -1,9 +1,9 @@
 """The one reader of the plugin's environment variables.
 
 Every other module receives a :class:`Settings` object. The tables below are
-the single source for the switch names, their accepted values and defaults; the
-README table, ``vllm-xpu-memfix check`` and the registration with vLLM's own
-environment table are all generated from them.
+the single source for the switch names, their accepted values and defaults:
+``vllm-xpu-memfix check`` and the registration with vLLM's own environment table
+are generated from them, and a test holds the README's switch table to them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 PREFIX = "VLLM_XPU_MEMFIX"
 
 
-def default_lock_dir() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+def default_lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    runtime = environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return Path(runtime) / "vllm-xpu-memfix"
     return Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")
@@ -265,7 +265,7 @@ def _parse_choice(variable: Variable, environ: Mapping[str, str]) -> str:
 def _parse_lock_dir(environ: Mapping[str, str]) -> Path:
     raw = environ.get(LOCK_DIR.name, "")
     if not raw.strip():
-        return default_lock_dir()
+        return default_lock_dir(environ)
     if not os.path.isabs(raw):
         raise _invalid(LOCK_DIR.name, raw, LOCK_DIR.accepted)
     return Path(raw)
