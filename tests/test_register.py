@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -46,10 +47,12 @@ def _measure_register(preload: str) -> dict:
 def test_register_costs_under_50_ms_inside_vllm_and_imports_nothing_of_it():
     """Measured where vLLM calls it: after ``vllm.plugins`` (and with it torch) is loaded."""
     pytest.importorskip("vllm")
-    cost = _measure_register("import vllm.plugins")
-    print(f"import + register() inside a vLLM process: {cost['ms']:.1f} ms")
-    assert cost["heavy_imports"] == []
-    assert cost["ms"] < 50
+    # These machines are noisy: the median of five fresh interpreters.
+    costs = [_measure_register("import vllm.plugins") for _ in range(5)]
+    median_ms = statistics.median(c["ms"] for c in costs)
+    print(f"import + register() inside a vLLM process: median {median_ms:.1f} ms of 5")
+    assert all(c["heavy_imports"] == [] for c in costs)
+    assert median_ms < 50
 
 
 def test_register_in_a_bare_interpreter_imports_neither_torch_nor_vllm():
