@@ -36,7 +36,7 @@ def serve(tmp_path: Path, clean_env: None) -> Iterator[Callable[..., Server]]:
     """Start real vLLM servers; every one is stopped at teardown, pass or fail."""
     started: list[Server] = []
 
-    def start(model: Path, env: dict[str, str] | None = None, **kwargs: object) -> Server:
+    def start(model: Path, env: dict[str, str | None] | None = None, **kwargs: object) -> Server:
         server = Server(model, tmp_path / f"server-{len(started)}.log", env=env, **kwargs)  # type: ignore[arg-type]
         started.append(server)
         server.start()

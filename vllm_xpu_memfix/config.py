@@ -81,6 +81,13 @@ FIXES: tuple[Fix, ...] = (
         "compiles into its own (compiled mode), since waiting then saves nothing",
     ),
     Fix(
+        key="kv_headroom",
+        summary="Takes the gathered-logits buffer of the post-KV sampler warm-up plus a slack "
+        "out of the KV cache budget, so that warm-up cannot run the device out of memory; on a "
+        "device OOM there, logs the --kv-cache-memory-bytes that would have fitted.",
+        auto_means="the reserve on the XPU platform, off elsewhere; the OOM hint everywhere",
+    ),
+    Fix(
         key="driver_env",
         summary="Sets NEOReadDebugKeys=1 EnableDeferBacking=0 so the Intel driver does not pin a "
         "host mirror of device memory (compute-runtime >= 26.09, 2+ Battlemage GPUs).",
@@ -156,6 +163,13 @@ WARMUP_SCOPE = Variable(
     "one engine do.",
     choices=("host", "instance"),
 )
+KV_HEADROOM_SLACK_MIB = Variable(
+    name=f"{PREFIX}_KV_HEADROOM_SLACK_MIB",
+    default="256",
+    accepted="an integer >= 0",
+    doc="Device memory (MiB) kv_headroom keeps free besides the gathered logits, for growth "
+    "outside torch after profiling (Level Zero modules, oneCCL buffers, fragmentation).",
+)
 LOCK_DIR = Variable(
     name=f"{PREFIX}_LOCK_DIR",
     default="",
@@ -186,6 +200,7 @@ VARIABLES: tuple[Variable, ...] = (
     WARMUP_TIMEOUT_S,
     WARMUP_SCOPE,
     LOCK_DIR,
+    KV_HEADROOM_SLACK_MIB,
 )
 
 
@@ -202,6 +217,7 @@ class Settings:
     warmup_timeout_s: float = 900.0
     warmup_scope: str = "host"
     lock_dir: Path = field(default_factory=default_lock_dir)
+    kv_headroom_slack_mib: int = 256
 
     def mode(self, fix_key: str) -> Mode:
         return self.modes[fix_key]
@@ -296,6 +312,9 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         warmup_timeout_s=_parse_number(WARMUP_TIMEOUT_S, env, integer=False, minimum=0.0),
         warmup_scope=_parse_choice(WARMUP_SCOPE, env),
         lock_dir=_parse_lock_dir(env),
+        kv_headroom_slack_mib=int(
+            _parse_number(KV_HEADROOM_SLACK_MIB, env, integer=True, minimum=0)
+        ),
     )
 
 

