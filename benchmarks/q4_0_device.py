@@ -1,0 +1,177 @@
+"""On-device Q4_0 quantizer: bit-exactness against the torch reference, and speed.
+
+Runs on a CUDA machine (see benchmarks/device/README.md for the bundle; only torch,
+Triton and this repository are needed here).
+
+- Exactness: random shapes (odd N, K that needs padding), float16/bfloat16/float32,
+  group sizes 32/64/128, and the adversarial groups of tests/q4_0_cases.py. The
+  kernel runs on the GPU, the reference on the CPU; packed words and the fp16
+  scale bits must be equal, and so must the two dequantisers' outputs.
+- Speed: the kernel's bytes moved per second (bf16 read + int4 and scales written)
+  against a device-to-device copy measured in the same run, and per-layer time
+  against the host path llm-scaler's sym_int4 takes (copy to host, upcast to fp32,
+  quantize there, copy back) with the torch reference standing in for its C
+  library, on all host threads and on one.
+
+    python benchmarks/q4_0_device.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from q4_0_cases import adversarial
+
+from vllm_xpu_memfix.kernels import q4_0_reference as reference
+from vllm_xpu_memfix.kernels import q4_0_triton as kernel
+
+# Qwen3.5-27B-like (hidden 5120, MLP 17408, GDN 16/48 heads of 128, attention 24/4
+# heads of 256), each split 4 ways as TP 4 does: (name, N, K).
+LAYERS_27B_TP4 = (
+    ("mlp gate_up", 2 * 17408 // 4, 5120),
+    ("mlp down", 5120, 17408 // 4),
+    ("gdn in_proj_qkvz", (2 * 16 * 128 + 2 * 48 * 128) // 4, 5120),
+    ("gdn out_proj", 5120, 48 * 128 // 4),
+    ("attn qkv", (2 * 24 * 256 + 2 * 4 * 256) // 4, 5120),
+    ("attn o_proj", 5120, 24 * 256 // 4),
+)
+SHAPES = ((1, 128), (7, 300), (33, 1000), (129, 4100), (1000, 5120), (257, 4352), (3, 17408))
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCKS = (4, 8, 16, 32, 64)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype in (torch.float16, torch.bfloat16):
+        a, b = a.view(torch.int16), b.view(torch.int16)
+    elif a.dtype == torch.float32:
+        a, b = a.view(torch.int32), b.view(torch.int32)
+    return torch.equal(a.cpu(), b.cpu())
+
+
+def exactness() -> dict:
+    cases = mismatches = elements = 0
+    failures = []
+    generator = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        for group in (32, 64, 128):
+            inputs = [("adversarial", adversarial(group, dtype))]
+            for n, k in SHAPES:
+                scale = float(torch.empty(1).log_normal_(generator=generator)) * 0.05
+                inputs.append((f"randn {n}x{k}", (torch.randn(n, k, generator=generator) * scale)))
+                ties = torch.randint(-16, 17, (n, k), generator=generator) / 2.0
+                inputs.append((f"halves {n}x{k}", ties))
+            for name, weight in inputs:
+                weight = weight.to(dtype)
+                q_ref, s_ref = reference.quantize(weight, group)
+                q_dev, s_dev = kernel.quantize(weight.cuda(), group)
+                deq_ref = reference.dequantize(q_ref, s_ref, group)
+                deq_dev = kernel.dequantize(q_ref.cuda(), s_ref.cuda(), group)
+                ok = same(q_ref, q_dev) and same(s_ref, s_dev) and same(deq_ref, deq_dev)
+                cases += 1
+                elements += weight.numel()
+                if not ok:
+                    mismatches += 1
+                    words = int((q_ref != q_dev.cpu()).sum())
+                    failures.append(f"{name} {dtype} g{group}: {words} packed words differ")
+    return {"cases": cases, "elements": elements, "mismatching_cases": mismatches,
+            "failures": failures[:20]}  # fmt: skip
+
+
+def cuda_time(fn, *args, repeats: int = 20, **kwargs) -> float:
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args, **kwargs)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def wall_time(fn, *args, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn(*args)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def host_path(weight: torch.Tensor) -> None:
+    qweight, scales = reference.quantize(weight.cpu().float(), 128)
+    qweight.to(weight.device), scales.to(weight.device)
+
+
+def copy_bandwidth(size: int = 2 * 1024**3) -> float:
+    """Bytes read + written per second by a device-to-device copy."""
+    source = torch.empty(size, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    return 2 * size / cuda_time(target.copy_, source)
+
+
+def speed() -> dict:
+    copy_bw = copy_bandwidth()
+    threads = torch.get_num_threads()
+    rows = []
+    for name, n, k in LAYERS_27B_TP4:
+        weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        moved = n * k * 2 + n * k // 2 + n * (k // 128) * 2
+        by_block = {b: cuda_time(kernel.quantize, weight, 128, block_n=b) for b in BLOCKS}
+        best = min(by_block, key=by_block.__getitem__)
+        host_all = wall_time(host_path, weight)
+        torch.set_num_threads(1)
+        host_one = wall_time(host_path, weight)
+        torch.set_num_threads(threads)
+        rows.append({
+            "layer": name, "n": n, "k": k, "bytes_moved": moved,
+            "kernel_s": by_block[best], "block_n": best,
+            "kernel_s_by_block": {str(b): t for b, t in by_block.items()},
+            "bandwidth": moved / by_block[best],
+            "fraction_of_copy": moved / by_block[best] / copy_bw,
+            "host_s_all_threads": host_all, "host_s_one_thread": host_one,
+            "speedup_all_threads": host_all / by_block[best],
+            "speedup_one_thread": host_one / by_block[best],
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        del weight
+    return {"copy_bandwidth": copy_bw, "host_threads": threads, "layers": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import triton
+
+    started = time.perf_counter()
+    exact = exactness()
+    print(json.dumps(exact), flush=True)
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "exactness": exact,
+        "speed": speed(),
+        "seconds": time.perf_counter() - started,
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    (args.out / "q4_0_device.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Symmetric int4 (GGML Q4_0) on the device: Triton kernels bit-identical to the reference.
+
+One program quantizes a tile of ``BLOCK_N`` rows x one group. Launched with
+``enable_fp_fusion=False``: the reference rounds ``x * id`` to fp32 before adding
+8.5, and a fused multiply-add would round once and differ on ties. A group holding
+an inf or a NaN gets a NaN scale, so the caller finds non-finite input in the small
+scales tensor alone (an infinite scale is legitimate: a finite fp32 maximum beyond
+8 x 65504 overflows the fp16 scale, in GGML too).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_xpu_memfix.kernels.q4_0_reference import (
+    PACK,
+    check_group_size,
+    check_weight,
+    nonfinite_error,
+    padded_k,
+)
+
+BLOCK_N = 16
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_rows,
+    k,
+    stride_x,
+    words_per_row,
+    groups_per_row,
+    GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    group = tl.program_id(1)
+    cols = group * GROUP + tl.arange(0, GROUP)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < k)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+
+    magnitude = tl.abs(x)
+    amax = tl.max(magnitude, axis=1)
+    index = tl.arange(0, GROUP)[None, :]
+    first = tl.min(tl.where(magnitude == amax[:, None], index, GROUP), axis=1)
+    m = tl.sum(tl.where(index == first[:, None], x, 0.0), axis=1)
+    m = tl.where(amax > 0, m, 0.0)
+    d = m / -8.0
+    inverse = tl.where(d != 0, 1.0 / d, 0.0)
+    q = x * inverse[:, None] + 8.5
+    q = tl.minimum(q.to(tl.int32), 15)  # float -> int truncates toward zero
+
+    nonfinite = (x != x) | (magnitude == float("inf"))
+    d = tl.where(tl.max(nonfinite.to(tl.int32), axis=1) > 0, float("nan"), d)
+    tl.store(s_ptr + rows * groups_per_row + group, d.to(tl.float16), mask=row_ok)
+
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    packed = tl.sum(tl.reshape(q, (BLOCK_N, WORDS, 8)) << shifts, axis=2)
+    word_cols = group * WORDS + tl.arange(0, WORDS)
+    tl.store(
+        q_ptr + rows[:, None] * words_per_row + word_cols[None, :],
+        packed,
+        mask=row_ok[:, None],
+    )
+
+
+@triton.jit
+def _dequantize_kernel(
+    q_ptr,
+    s_ptr,
+    out_ptr,
+    n_rows,
+    words_per_row,
+    groups_per_row,
+    GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    group = tl.program_id(1)
+    row_ok = rows < n_rows
+    word_cols = group * WORDS + tl.arange(0, WORDS)
+    packed = tl.load(
+        q_ptr + rows[:, None] * words_per_row + word_cols[None, :], mask=row_ok[:, None], other=0
+    )
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    q = (packed[:, :, None] >> shifts) & 0xF
+    q = tl.reshape(q, (BLOCK_N, GROUP))
+    scale = tl.load(s_ptr + rows * groups_per_row + group, mask=row_ok, other=0.0)
+    values = (q - 8).to(tl.float32) * scale.to(tl.float32)[:, None]
+    cols = group * GROUP + tl.arange(0, GROUP)
+    out = out_ptr + rows[:, None] * (words_per_row * 8) + cols[None, :]
+    tl.store(out, values.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def quantize(
+    weight: torch.Tensor, group_size: int = 128, block_n: int = BLOCK_N
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_weight(weight)
+    check_group_size(group_size)
+    if weight.stride(1) != 1:
+        weight = weight.contiguous()
+    n, k = weight.shape
+    kp = padded_k(k, group_size)
+    qweight = torch.empty((n, kp // PACK), dtype=torch.int32, device=weight.device)
+    scales = torch.empty((n, kp // group_size), dtype=torch.float16, device=weight.device)
+    grid = (triton.cdiv(n, block_n), kp // group_size)
+    _quantize_kernel[grid](
+        weight, qweight, scales, n, k, weight.stride(0), kp // PACK, kp // group_size,
+        GROUP=group_size, WORDS=group_size // PACK, BLOCK_N=block_n, enable_fp_fusion=False,
+    )  # fmt: skip
+    flagged = torch.isnan(scales)
+    if bool(flagged.any()):
+        raise nonfinite_error(f"{int(flagged.sum())} group(s)")
+    return qweight, scales
+
+
+def dequantize(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int = 128,
+    dtype: torch.dtype = torch.float32,
+    block_n: int = BLOCK_N,
+) -> torch.Tensor:
+    check_group_size(group_size)
+    n, words = qweight.shape
+    if scales.shape != (n, words * PACK // group_size):
+        raise ValueError(
+            f"scales shape {tuple(scales.shape)} does not match qweight {tuple(qweight.shape)} "
+            f"with group_size {group_size}"
+        )
+    qweight, scales = qweight.contiguous(), scales.contiguous()
+    out = torch.empty((n, words * PACK), dtype=dtype, device=qweight.device)
+    grid = (triton.cdiv(n, block_n), words * PACK // group_size)
+    _dequantize_kernel[grid](
+        qweight, scales, out, n, words, words * PACK // group_size,
+        GROUP=group_size, WORDS=group_size // PACK, BLOCK_N=block_n,
+    )  # fmt: skip
+    return out
