@@ -81,6 +81,13 @@ FIXES: tuple[Fix, ...] = (
         "compiles into its own (compiled mode), since waiting then saves nothing",
     ),
     Fix(
+        key="device_quant",
+        summary="Lets Intel's sym_int4 quantize each layer on the device with the plugin's "
+        "Triton Q4_0 kernel instead of bf16 -> host fp32 -> C library -> device, after a "
+        "self-check that the kernel matches the module's library bit for bit.",
+        auto_means="on (the self-check always runs; any mismatch keeps the host path)",
+    ),
+    Fix(
         key="kv_headroom",
         summary="Takes the gathered-logits buffer of the post-KV sampler warm-up plus a slack "
         "out of the KV cache budget, so that warm-up cannot run the device out of memory; on a "

@@ -6,13 +6,21 @@ from __future__ import annotations
 from types import ModuleType
 
 from vllm_xpu_memfix.config import FIXES, Settings
-from vllm_xpu_memfix.fixes import driver_env, host_release, kv_headroom, ledger, warmup_lock
+from vllm_xpu_memfix.fixes import (
+    device_quant,
+    driver_env,
+    host_release,
+    kv_headroom,
+    ledger,
+    warmup_lock,
+)
 from vllm_xpu_memfix.patching import Patch
 
 # Patches install in this order; on a shared target the later one is outermost, so the
 # ledger, last, observes what the other fixes did.
 MODULES: dict[str, ModuleType] = {
-    module.KEY: module for module in (driver_env, warmup_lock, host_release, kv_headroom, ledger)
+    module.KEY: module
+    for module in (driver_env, warmup_lock, device_quant, host_release, kv_headroom, ledger)
 }
 
 assert set(MODULES) == {fix.key for fix in FIXES}, "config.FIXES and fixes.MODULES disagree"

@@ -22,7 +22,10 @@ from vllm_xpu_memfix.kernels.q4_0_reference import (
     padded_k,
 )
 
+# Tile sizes chosen on the H200 (docs/device-quant.md): rows x groups per program.
 BLOCK_N = 16
+GROUPS = 1
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -37,15 +40,17 @@ def _quantize_kernel(
     groups_per_row,
     GROUP: tl.constexpr,
     WORDS: tl.constexpr,
+    GROUPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # A tile of BLOCK_N rows x GROUPS groups, viewed as BLOCK_N * GROUPS group-rows.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    group = tl.program_id(1)
-    cols = group * GROUP + tl.arange(0, GROUP)
+    first_group = tl.program_id(1) * GROUPS
+    cols = first_group * GROUP + tl.arange(0, GROUPS * GROUP)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols < k)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)
+    x = tl.reshape(x.to(tl.float32), (BLOCK_N * GROUPS, GROUP))
 
     magnitude = tl.abs(x)
     amax = tl.max(magnitude, axis=1)
@@ -53,22 +58,29 @@ def _quantize_kernel(
     first = tl.min(tl.where(magnitude == amax[:, None], index, GROUP), axis=1)
     m = tl.sum(tl.where(index == first[:, None], x, 0.0), axis=1)
     m = tl.where(amax > 0, m, 0.0)
-    d = m / -8.0
-    inverse = tl.where(d != 0, 1.0 / d, 0.0)
+    d = m * -0.125  # = m / -8 exactly: both are the correctly rounded m/8
+    one = tl.full((BLOCK_N * GROUPS,), 1.0, tl.float32)
+    inverse = tl.where(d != 0, tl.math.div_rn(one, d), 0.0)  # IEEE, as the reference
     q = x * inverse[:, None] + 8.5
     q = tl.minimum(q.to(tl.int32), 15)  # float -> int truncates toward zero
 
     nonfinite = (x != x) | (magnitude == float("inf"))
     d = tl.where(tl.max(nonfinite.to(tl.int32), axis=1) > 0, float("nan"), d)
-    tl.store(s_ptr + rows * groups_per_row + group, d.to(tl.float16), mask=row_ok)
+    group_ids = first_group + tl.arange(0, GROUPS)
+    scale_ok = row_ok[:, None] & (group_ids < groups_per_row)[None, :]
+    tl.store(
+        s_ptr + rows[:, None] * groups_per_row + group_ids[None, :],
+        tl.reshape(d.to(tl.float16), (BLOCK_N, GROUPS)),
+        mask=scale_ok,
+    )
 
     shifts = (tl.arange(0, 8) * 4)[None, None, :]
-    packed = tl.sum(tl.reshape(q, (BLOCK_N, WORDS, 8)) << shifts, axis=2)
-    word_cols = group * WORDS + tl.arange(0, WORDS)
+    packed = tl.sum(tl.reshape(q, (BLOCK_N * GROUPS, WORDS, 8)) << shifts, axis=2)
+    word_cols = first_group * WORDS + tl.arange(0, GROUPS * WORDS)
     tl.store(
         q_ptr + rows[:, None] * words_per_row + word_cols[None, :],
-        packed,
-        mask=row_ok[:, None],
+        tl.reshape(packed, (BLOCK_N, GROUPS * WORDS)),
+        mask=row_ok[:, None] & (word_cols < words_per_row)[None, :],
     )
 
 
@@ -101,8 +113,28 @@ def _dequantize_kernel(
     tl.store(out, values.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def launch(
+    weight: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    block_n: int = BLOCK_N,
+    groups: int = GROUPS,
+    num_warps: int = NUM_WARPS,
+) -> None:
+    """Run the quantize kernel into preallocated outputs (no checks, no sync)."""
+    n, k = weight.shape
+    groups_per_row = scales.shape[1]
+    grid = (triton.cdiv(n, block_n), triton.cdiv(groups_per_row, groups))
+    _quantize_kernel[grid](
+        weight, qweight, scales, n, k, weight.stride(0), qweight.shape[1], groups_per_row,
+        GROUP=group_size, WORDS=group_size // PACK, GROUPS=groups, BLOCK_N=block_n,
+        num_warps=num_warps, enable_fp_fusion=False,
+    )  # fmt: skip
+
+
 def quantize(
-    weight: torch.Tensor, group_size: int = 128, block_n: int = BLOCK_N
+    weight: torch.Tensor, group_size: int = 128, **tiles: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_weight(weight)
     check_group_size(group_size)
@@ -112,11 +144,7 @@ def quantize(
     kp = padded_k(k, group_size)
     qweight = torch.empty((n, kp // PACK), dtype=torch.int32, device=weight.device)
     scales = torch.empty((n, kp // group_size), dtype=torch.float16, device=weight.device)
-    grid = (triton.cdiv(n, block_n), kp // group_size)
-    _quantize_kernel[grid](
-        weight, qweight, scales, n, k, weight.stride(0), kp // PACK, kp // group_size,
-        GROUP=group_size, WORDS=group_size // PACK, BLOCK_N=block_n, enable_fp_fusion=False,
-    )  # fmt: skip
+    launch(weight, qweight, scales, group_size, **tiles)
     flagged = torch.isnan(scales)
     if bool(flagged.any()):
         raise nonfinite_error(f"{int(flagged.sum())} group(s)")

@@ -1,0 +1,142 @@
+"""Device quant: let llm-scaler's ``sym_int4`` quantize on the device, not through the host.
+
+Problem
+    Intel's on-the-fly ``sym_int4`` quantizes every linear layer on the host:
+    device bf16 -> host bf16 -> host fp32 -> a C library (GGML Q4_0) -> host
+    int32 + fp16 scales -> device, in every rank at once. That is the host
+    staging of vllm #50269 and llm-scaler #703, and minutes of single-threaded
+    CPU work at start-up. The module already has a device seam
+    (``_use_xpu_quant`` / ``_xpu_q4_0_quantize``) that only Intel's optional
+    ESIMD package fills (llm-scaler PR #413 was never wired in).
+Mechanism
+    When the ESIMD package is absent, fill the seam with this plugin's Triton
+    Q4_0 kernel (``vllm_xpu_memfix.kernels``), but only after a self-check in
+    the process: one random tensor is quantized by the library the module
+    loads (``ggml_quantize_tensor``) and by the kernel on the device, and the
+    packed words and scale bits must be identical. If they differ, the library
+    or Triton is missing, or there is no XPU/CUDA device, the host path stays
+    and one line says why. Numerics never change silently.
+Targets
+    ``vllm.model_executor.layers.quantization.sym_int4:_use_xpu_quant`` and
+    ``:_xpu_q4_0_quantize`` (module globals; Intel's images only).
+Switch
+    ``VLLM_XPU_MEMFIX_DEVICE_QUANT`` (auto = on; the self-check always runs).
+Upstream
+    llm-scaler: call a device Q4_0 kernel from ``_xpu_q4_0_quantize`` and make
+    it the default once it matches the C library; see docs/upstream/device-quant.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.patching import Patch
+
+logger = get_logger("device_quant")
+
+KEY = "device_quant"
+MODULE = "vllm.model_executor.layers.quantization.sym_int4"
+CHECK_SHAPE = (64, 512)  # four groups of 128 per row
+
+
+def activate(_settings: Settings) -> None:
+    verdict.cache_clear()
+
+
+def check_device() -> Any:
+    """The accelerator this process quantizes on: XPU, else CUDA, else None."""
+    import torch
+
+    for kind in ("xpu", "cuda"):
+        backend = getattr(torch, kind, None)
+        if backend is not None and backend.is_available():
+            return torch.device(kind, backend.current_device())
+    return None
+
+
+def self_check(module: Any, device: Any) -> str | None:
+    """Quantize one random tensor with the module's library and with the kernel;
+    returns why they cannot be trusted to agree, or None when they are identical."""
+    import torch
+
+    from vllm_xpu_memfix.kernels import quantize_q4_0
+
+    group = int(getattr(module, "QK4_GROUP_SIZE", 128))
+    n, k = CHECK_SHAPE
+    generator = torch.Generator().manual_seed(20261202)
+    weight = (torch.randn(n, k, generator=generator) * 0.02).to(torch.bfloat16)
+    qweight = torch.zeros((n, k // 8), dtype=torch.int32)
+    scales = torch.zeros((n, k // group), dtype=torch.float16)
+    try:
+        lib_q, lib_s = module.ggml_quantize_tensor(
+            weight.float().contiguous(), qweight, scales, n, k, block_size=group, transpose=False
+        )
+    except Exception as exc:  # the C library is loaded lazily and may be missing
+        return f"the module's Q4_0 library failed: {type(exc).__name__}: {exc}"
+    try:
+        dev_q, dev_s = quantize_q4_0(weight.to(device), group)
+    except Exception as exc:
+        return f"the device kernel failed: {type(exc).__name__}: {exc}"
+    if not torch.equal(lib_q, dev_q.cpu()):
+        differ = int((lib_q != dev_q.cpu()).sum())
+        return f"the kernel's packed words differ from the library's ({differ} of {lib_q.numel()})"
+    if not torch.equal(lib_s.view(torch.int16), dev_s.cpu().view(torch.int16)):
+        return "the kernel's fp16 scales differ from the library's"
+    return None
+
+
+@functools.cache
+def verdict() -> tuple[bool, str]:
+    """Whether to quantize on the device in this process, and why; decided and logged once."""
+    use, why = _decide()
+    if use:
+        logger.info("vllm-xpu-memfix: sym_int4 quantizes on the device (Triton Q4_0): %s", why)
+    else:
+        logger.info("vllm-xpu-memfix: sym_int4 keeps its host path: %s", why)
+    return use, why
+
+
+def _decide() -> tuple[bool, str]:
+    import sys
+
+    module = sys.modules.get(MODULE)
+    if module is None:
+        return False, f"{MODULE} is not loaded"
+    if getattr(module, "_HAS_XPU_Q4_0", False):
+        return False, "Intel's ESIMD Q4_0 kernel is installed and already quantizes on the device"
+    from vllm_xpu_memfix.kernels import triton_unavailable
+
+    if (reason := triton_unavailable()) is not None:
+        return False, reason
+    device = check_device()
+    if device is None:
+        return False, "no XPU or CUDA device in this process"
+    problem = self_check(module, device)
+    if problem is not None:
+        return False, problem
+    return True, f"self-check on {device} matched the library bit for bit"
+
+
+def _use_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+    return bool(wrapped(*args, **kwargs)) or verdict()[0]
+
+
+def _quantize_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+    import sys
+
+    module = sys.modules[MODULE]
+    if getattr(module, "_HAS_XPU_Q4_0", False):
+        return wrapped(*args, **kwargs)
+    from vllm_xpu_memfix.kernels import quantize_q4_0
+
+    weight = args[0] if args else kwargs["bf16_xpu"]
+    return quantize_q4_0(weight.contiguous(), int(getattr(module, "QK4_GROUP_SIZE", 128)))
+
+
+PATCHES = (
+    Patch(KEY, f"{MODULE}:_use_xpu_quant", _use_device),
+    Patch(KEY, f"{MODULE}:_xpu_q4_0_quantize", _quantize_on_device),
+)
