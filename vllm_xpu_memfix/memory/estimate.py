@@ -7,7 +7,15 @@ sequence of stages; the peak is the stage with the most bytes alive at once, so
 the estimate reports every stage and the terms alive at the peak.
 
 Sizes are rounded up to 512 bytes, the block size of PyTorch's caching allocators
-(CUDA's and XPU's): that is the size ``memory_allocated()`` counts.
+(CUDA's and XPU's): that is the size ``memory_allocated()`` counts. The sort's
+scratch comes from PyTorch's CUDA ``launch_stable_sort_kernel`` (SortStable.cu),
+the one part not in vLLM's code; XPU's SYCL sort is assumed to need no more.
+
+One constant is fitted rather than read: a block that reuses a cached block is
+not split when less than 1 MiB would remain, so it can count up to 1 MiB more
+than asked. Counting the full 1 MiB per block doubled small bursts; the H200 data
+(docs/kv-headroom.md) is covered by ``ALLOCATOR_SLACK`` of each block above 1 MiB,
+at most 1 MiB.
 """
 
 from __future__ import annotations
@@ -24,6 +32,12 @@ DEFAULT_VOCAB_PADDING = 64
 # sampled ids, greedy_sample's argmax, apply_temperature's torch.where, the top-k/top-p
 # casts of k and p, and random_sample's argmax.
 PER_REQUEST_VECTORS = 12
+ALLOCATOR_SLACK = 0.3
+# PyTorch's stable sort hands a single segment, or rows of a million or more, to
+# one radix sort per row; fewer than 128 rows to a full sort of (value, row) pairs.
+LARGE_SEGMENT = 1_000_000
+FULL_SORT_BELOW_ROWS = 128
+CUB_SCRATCH = 64 * 1024
 
 TopKTopP = Literal["sort", "triton"]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}
@@ -90,6 +104,11 @@ class Stage:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.terms)
+
+    def with_allocator_slack(self) -> Stage:
+        slack = sum(min(MiB, int(t.nbytes * ALLOCATOR_SLACK)) for t in self.terms if t.nbytes > MiB)
+        term = Term("allocator rounding", slack, "caching allocator: unsplit reused blocks")
+        return Stage(self.name, (*self.terms, term))
 
 
 @dataclass(frozen=True)
@@ -163,19 +182,22 @@ def estimate_sampler_burst(shape: BurstShape) -> BurstEstimate:
 
     fp32 = Term("fp32 logits", _block(bv * 4), "Sampler.forward: logits.to(torch.float32)")
     if shape.topk_topp == "sort":
-        # apply_top_k_top_p_pytorch: everything below is alive when top_p_mask is built.
+        values = Term("sorted values", _block(bv * 4), "apply_top_k_top_p_pytorch: logits.sort")
+        indices = Term("sort indices", _block(bv * 8), "apply_top_k_top_p_pytorch: int64 indices")
+        stages.append(
+            Stage("torch.sort", (small, hidden, logits, fp32, values, indices, *sort_scratch(b, v)))
+        )
+        # Once the sort returns: the top-k and top-p masks and the sorted softmax.
         stages.append(
             Stage(
-                "top-k/top-p sort",
+                "top-k/top-p masks",
                 (
                     small,
                     hidden,
                     logits,
                     fp32,
-                    Term("sorted values", _block(bv * 4), "apply_top_k_top_p_pytorch: logits.sort"),
-                    Term(
-                        "sort indices", _block(bv * 8), "apply_top_k_top_p_pytorch: int64 indices"
-                    ),
+                    values,
+                    indices,
                     Term("top-k mask", _block(bv), "apply_top_k_top_p_pytorch: logits_sort < kth"),
                     Term("sorted softmax", _block(bv * 4), "apply_top_k_top_p_pytorch: softmax"),
                     Term("top-p mask", _block(bv), "apply_top_k_top_p_pytorch: probs_sum <= 1-p"),
@@ -199,4 +221,25 @@ def estimate_sampler_burst(shape: BurstShape) -> BurstEstimate:
             ),
         )
     )
-    return BurstEstimate(shape, tuple(stages))
+    return BurstEstimate(shape, tuple(stage.with_allocator_slack() for stage in stages))
+
+
+def sort_scratch(rows: int, vocab: int) -> tuple[Term, ...]:
+    """What ``torch.sort`` of fp32 ``[rows, vocab]`` allocates besides its outputs."""
+    n = rows * vocab
+    source = "PyTorch SortStable.cu launch_stable_sort_kernel"
+    if rows == 1 or vocab >= LARGE_SEGMENT:  # segmented_sort_large_segments
+        return (
+            Term("sort row indices", _block(vocab * 8), source),
+            Term("radix sort buffers", _block(vocab * 12) + CUB_SCRATCH, source),
+        )
+    if rows < FULL_SORT_BELOW_ROWS:  # segmented_sort_pairs_by_full_sort
+        return (
+            Term("sort (index, row) pairs", 2 * _block(n * 8), source),
+            Term("sorted keys", _block(n * 4), source),
+            Term("radix sort buffers", _block(n * 12) + CUB_SCRATCH, source),
+        )
+    return (  # segmented_sort_pairs
+        Term("sort row indices", _block(n * 8), source),
+        Term("radix sort buffers", _block(n * 12) + CUB_SCRATCH, source),
+    )
