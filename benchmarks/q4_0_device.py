@@ -84,7 +84,15 @@ def exactness(**tiles: int) -> dict:
                     mismatches += 1
                     words = int((q_ref != q_dev.cpu()).sum())
                     failures.append(f"{name} {dtype} g{group}: {words} packed words differ")
-    return {"tiles": tiles, "cases": cases, "elements": elements,
+    refused = 0
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        weight = torch.randn(8, 256, device="cuda")
+        weight[3, 200] = bad
+        try:
+            kernel.quantize(weight, 128, **tiles)
+        except ValueError:
+            refused += 1
+    return {"tiles": tiles, "cases": cases, "elements": elements, "non_finite_refused": refused,
             "mismatching_cases": mismatches, "failures": failures[:20]}  # fmt: skip
 
 
@@ -133,12 +141,19 @@ TILES = [
 ]
 
 
-def kernel_seconds(weight: torch.Tensor, tiles: dict) -> float:
-    """The kernel alone, into preallocated outputs: what the bandwidth figure is about."""
+def kernel_seconds(weight: torch.Tensor, tiles: dict, launches: int = 20) -> float:
+    """The kernel alone, into preallocated outputs: what the bandwidth figure is about.
+    Replayed from a CUDA graph, so Python's launch cost is not in the figure."""
     n, k = weight.shape
     qweight = torch.empty((n, k // 8), dtype=torch.int32, device=weight.device)
     scales = torch.empty((n, k // 128), dtype=torch.float16, device=weight.device)
-    return cuda_time(kernel.launch, weight, qweight, scales, 128, **tiles)
+    kernel.launch(weight, qweight, scales, 128, **tiles)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            kernel.launch(weight, qweight, scales, 128, **tiles)
+    return cuda_time(graph.replay) / launches
 
 
 def speed() -> dict:

@@ -3,9 +3,9 @@
 One program quantizes a tile of ``BLOCK_N`` rows x one group. Launched with
 ``enable_fp_fusion=False``: the reference rounds ``x * id`` to fp32 before adding
 8.5, and a fused multiply-add would round once and differ on ties. A group holding
-an inf or a NaN gets a NaN scale, so the caller finds non-finite input in the small
-scales tensor alone (an infinite scale is legitimate: a finite fp32 maximum beyond
-8 x 65504 overflows the fp16 scale, in GGML too).
+an inf or a NaN gets a NaN scale (m sums x * 0 of the group), so the caller finds
+non-finite input in the small scales tensor alone (an infinite scale is legitimate:
+a finite fp32 maximum beyond 8 x 65504 overflows the fp16 scale, in GGML too).
 """
 
 from __future__ import annotations
@@ -52,20 +52,19 @@ def _quantize_kernel(
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = tl.reshape(x.to(tl.float32), (BLOCK_N * GROUPS, GROUP))
 
-    magnitude = tl.abs(x)
-    amax = tl.max(magnitude, axis=1)
+    # GGML's scan: the first element of largest magnitude sets m. The sum adds x * 0
+    # of every other element, so an inf or NaN anywhere makes m NaN.
     index = tl.arange(0, GROUP)[None, :]
-    first = tl.min(tl.where(magnitude == amax[:, None], index, GROUP), axis=1)
-    m = tl.sum(tl.where(index == first[:, None], x, 0.0), axis=1)
-    m = tl.where(amax > 0, m, 0.0)
+    first = tl.argmax(tl.abs(x), axis=1, tie_break_left=True)
+    m = tl.sum(tl.where(index == first[:, None], x, x * 0.0), axis=1)
+    m = tl.where(tl.abs(m) == float("inf"), float("nan"), m)
+    m = tl.where(m == 0, 0.0, m)  # an all-zero group: +0, GGML's initial value
     d = m * -0.125  # = m / -8 exactly: both are the correctly rounded m/8
     one = tl.full((BLOCK_N * GROUPS,), 1.0, tl.float32)
     inverse = tl.where(d != 0, tl.math.div_rn(one, d), 0.0)  # IEEE, as the reference
     q = x * inverse[:, None] + 8.5
     q = tl.minimum(q.to(tl.int32), 15)  # float -> int truncates toward zero
 
-    nonfinite = (x != x) | (magnitude == float("inf"))
-    d = tl.where(tl.max(nonfinite.to(tl.int32), axis=1) > 0, float("nan"), d)
     group_ids = first_group + tl.arange(0, GROUPS)
     scale_ok = row_ok[:, None] & (group_ids < groups_per_row)[None, :]
     tl.store(
