@@ -109,11 +109,11 @@ def _decide() -> tuple[bool, str]:
         return False, "Intel's ESIMD Q4_0 kernel is installed and already quantizes on the device"
     from vllm_xpu_memfix.kernels import triton_unavailable
 
-    if (reason := triton_unavailable()) is not None:
-        return False, reason
     device = check_device()
     if device is None:
         return False, "no XPU or CUDA device in this process"
+    if device.type != "cpu" and (reason := triton_unavailable()) is not None:
+        return False, reason
     problem = self_check(module, device)
     if problem is not None:
         return False, problem

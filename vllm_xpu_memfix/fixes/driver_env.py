@@ -32,11 +32,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from vllm_xpu_memfix import driver
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.process import current_role
+
+if TYPE_CHECKING:  # imported where used: registration must stay cheap
+    from vllm_xpu_memfix import driver
 
 logger = get_logger("driver_env")
 
@@ -58,13 +61,16 @@ class Decision:
 
 def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
     """Whether to set the guard variables, and why; reads files only."""
+    from vllm_xpu_memfix import driver
+
     user_set = {k: environ[k] for k in GUARD_ENV if k in environ}
     mode = settings.mode(KEY)
     if mode is Mode.OFF or not settings.enabled:
         return Decision(False, f"{SWITCH}=off", user_set=user_set)
     gpus = driver.visible_gpus(driver.intel_gpus(settings.sysroot), environ)
     bmg = sum(gpu.is_battlemage for gpu in gpus)
-    runtime = driver.compute_runtime(settings.sysroot)
+    # Reading dpkg's status file costs ~10 ms; only a host that could be affected pays it.
+    runtime = driver.compute_runtime(settings.sysroot) if bmg >= 2 else None
     version = runtime.version if runtime else "unknown"
 
     if user_set:

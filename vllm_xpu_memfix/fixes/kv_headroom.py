@@ -46,19 +46,14 @@ Upstream
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.memory.estimate import (
-    BurstEstimate,
-    BurstShape,
-    TopKTopP,
-    dtype_bytes,
-    estimate_sampler_burst,
-)
 from vllm_xpu_memfix.patching import Patch
+
+if TYPE_CHECKING:  # imported where used: registration must stay cheap
+    from vllm_xpu_memfix.memory.estimate import BurstEstimate, BurstShape, TopKTopP
 
 logger = get_logger("kv_headroom")
 
@@ -80,10 +75,12 @@ class KVHeadroomError(RuntimeError):
     """The reserve does not fit in the memory vLLM found for the KV cache."""
 
 
-@dataclass(frozen=True)
 class Reserve:
-    estimate: BurstEstimate
-    slack: int
+    """The burst estimate and the slack; the reserve is its gathered logits plus the slack."""
+
+    def __init__(self, estimate: BurstEstimate, slack: int) -> None:
+        self.estimate = estimate
+        self.slack = slack
 
     @property
     def gathered_logits(self) -> int:
@@ -113,6 +110,8 @@ def topk_topp_path() -> TopKTopP:
 
 def burst_shape(vllm_config: Any) -> BurstShape:
     """The burst's shape from a ``VllmConfig`` (the worker's or a test's)."""
+    from vllm_xpu_memfix.memory.estimate import BurstShape, dtype_bytes
+
     model = vllm_config.model_config
     scheduler = vllm_config.scheduler_config
     return BurstShape(
@@ -126,6 +125,8 @@ def burst_shape(vllm_config: Any) -> BurstShape:
 
 
 def plan(vllm_config: Any, settings: Settings) -> Reserve:
+    from vllm_xpu_memfix.memory.estimate import estimate_sampler_burst
+
     return Reserve(
         estimate_sampler_burst(burst_shape(vllm_config)),
         slack=settings.kv_headroom_slack_mib * MiB,

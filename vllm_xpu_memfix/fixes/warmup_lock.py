@@ -33,12 +33,14 @@ import contextlib
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.config import Mode, Settings
-from vllm_xpu_memfix.host_lock import Holding, HostSemaphore, LockDirError
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch
+
+if TYPE_CHECKING:  # imported where used: registration must stay cheap
+    from vllm_xpu_memfix.host_lock import Holding, HostSemaphore
 
 logger = get_logger("warmup_lock")
 
@@ -58,6 +60,8 @@ def activate(settings: Settings) -> None:
 
 
 def semaphore(settings: Settings) -> HostSemaphore:
+    from vllm_xpu_memfix.host_lock import HostSemaphore
+
     # Every rank of one engine shares its parent, the EngineCore process.
     name = "warmup" if settings.warmup_scope == "host" else f"warmup-engine{os.getppid()}"
     return HostSemaphore(settings.lock_dir, name, settings.warmup_slots)
@@ -89,6 +93,8 @@ def _serialised(name: str) -> Any:
                 name, own_cache, SWITCH,
             )  # fmt: skip
             return wrapped(*args, **kwargs)
+        from vllm_xpu_memfix.host_lock import LockDirError
+
         with contextlib.ExitStack() as stack:
             holding: Holding | None = None
             try:

@@ -23,9 +23,9 @@ from vllm_xpu_memfix.kernels.q4_0_reference import (
 )
 
 # Tile sizes chosen on the H200 (docs/device-quant.md): rows x groups per program.
-BLOCK_N = 16
-GROUPS = 1
-NUM_WARPS = 4
+BLOCK_N = 4
+GROUPS = 4
+NUM_WARPS = 2
 
 
 @triton.jit
