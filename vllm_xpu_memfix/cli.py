@@ -49,7 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 )
             )
         for patch in patches:
-            status = compat.target_status(root, patch.target)
+            status = compat.target_status(root, patch.target, patch.params)
             missing += status != compat.PRESENT and patch.module not in compat.INTEL_IMAGE_MODULES
             rows.append((fix.key, fix.env, settings.mode(fix.key).value, patch.target, status))
     print(_table(rows))

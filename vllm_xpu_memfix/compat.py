@@ -48,17 +48,31 @@ def _names_bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
     return names
 
 
-def target_status(root: Path, target: str) -> str:
-    """``present``, or ``missing: <what>`` for a ``module:Attr.path`` target."""
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) -> list[str]:
+    names = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    return names[1:] if method and names[:1] in (["self"], ["cls"]) else names
+
+
+def target_status(root: Path, target: str, params: tuple[str, ...] = ()) -> str:
+    """``present``, ``missing: <what>``, or ``signature changed: ...`` when the target's
+    leading parameters are not the ``params`` its wrapper reads."""
     module, _, attr_path = target.partition(":")
     path = _module_file(root, module)
     if path is None:
         only_intel = " (Intel's images only)" if module in INTEL_IMAGE_MODULES else ""
         return f"missing: module {module}{only_intel}"
     body: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8"), str(path)).body
-    for depth, part in enumerate(attr_path.split(".")):
+    parts = attr_path.split(".")
+    node: ast.AST | None = None
+    for depth, part in enumerate(parts):
         node = _names_bound(body).get(part)
         if node is None:
-            return f"missing: {'.'.join(attr_path.split('.')[: depth + 1])}"
+            return f"missing: {'.'.join(parts[: depth + 1])}"
         body = node.body if isinstance(node, ast.ClassDef) else []
+    if params and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        found = _parameters(node, method=len(parts) > 1)
+        if found[: len(params)] != list(params):
+            return (
+                f"signature changed: ({', '.join(found)}); the wrapper reads ({', '.join(params)})"
+            )
     return PRESENT

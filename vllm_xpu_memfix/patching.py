@@ -29,12 +29,17 @@ Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], A
 
 @dataclass(frozen=True)
 class Patch:
-    """``wrapper`` around ``target``; a ``once`` patch removes itself after its first call."""
+    """``wrapper`` around ``target``; a ``once`` patch removes itself after its first call.
+
+    ``params`` names the target's leading parameters (after ``self``) that the wrapper
+    reads; ``vllm-xpu-memfix check`` reports a target whose parameters differ.
+    """
 
     fix: str
     target: str
     wrapper: Wrapper
     once: bool = False
+    params: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:

@@ -138,5 +138,5 @@ def _quantize_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) ->
 
 PATCHES = (
     Patch(KEY, f"{MODULE}:_use_xpu_quant", _use_device),
-    Patch(KEY, f"{MODULE}:_xpu_q4_0_quantize", _quantize_on_device),
+    Patch(KEY, f"{MODULE}:_xpu_q4_0_quantize", _quantize_on_device, params=("bf16_xpu",)),
 )

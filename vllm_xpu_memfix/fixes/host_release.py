@@ -145,5 +145,6 @@ PATCHES = (
         KEY,
         "vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace",
         _after_quantized_layer,
+        params=("layer",),
     ),
 )

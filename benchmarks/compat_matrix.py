@@ -1,0 +1,144 @@
+"""Which fixes apply to which vLLM release: a static scan of each release's Python files.
+
+Downloads the vLLM wheels (``pip download --no-deps``; nothing is installed or
+imported), unpacks only their ``.py`` files and runs the same scan as
+``vllm-xpu-memfix check --source`` on each, plus the installed test bed. Writes the
+matrix as markdown.
+
+    python benchmarks/compat_matrix.py --out docs/compat.md
+    python benchmarks/compat_matrix.py --versions 0.33.0 0.34.0 --cache /tmp/vllm-wheels
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from vllm_xpu_memfix import compat, config, fixes
+
+VERSIONS = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_35_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64")  # fmt: skip
+
+
+def source_tree(version: str, cache: Path) -> Path:
+    """``cache/<version>/src`` holding the release's ``vllm/**.py``; downloaded once."""
+    tree = cache / version / "src"
+    if (tree / "vllm").is_dir():
+        return tree
+    wheels = cache / version / "wheel"
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+         "--python-version", "3.12", "--implementation", "cp", *platforms,
+         f"vllm=={version}", "-d", str(wheels)],
+        check=True,
+    )  # fmt: skip
+    wheel = next(wheels.glob("vllm-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")]
+        archive.extractall(tree, names)
+    wheel.unlink()  # ~300 MB each; the .py files are all the scan needs
+    return tree
+
+
+def sampler_warmup_after_kv(root: Path) -> bool:
+    """Whether ``Worker.compile_or_warm_up_model`` (or its ``_compile_or_warm_up_model``
+    helper, 0.33 on) still calls ``_dummy_sampler_run``: the post-KV burst that
+    kv_headroom reserves for."""
+    path = root / "vllm" / "v1" / "worker" / "gpu_worker.py"
+    if not path.is_file():
+        return False
+    warm_ups = [
+        node
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("compile_or_warm_up_model")
+    ]
+    return any(
+        isinstance(call, ast.Attribute) and call.attr == "_dummy_sampler_run"
+        for function in warm_ups
+        for call in ast.walk(function)
+    )
+
+
+def cell(status: str) -> str:
+    if status == compat.PRESENT:
+        return "✓"
+    if status.endswith("(Intel's images only)"):
+        return "Intel only"
+    return status.replace("missing: ", "missing ").replace("|", "/")
+
+
+def fix_summary(statuses: list[tuple[str, str]]) -> str:
+    """One word per fix and release, from its targets' statuses."""
+    upstream = [status for module, status in statuses if module not in compat.INTEL_IMAGE_MODULES]
+    if not statuses:
+        return "applies (no vLLM target)"
+    if not upstream:
+        return "Intel images only"
+    present = sum(status == compat.PRESENT for status in upstream)
+    if present == len(upstream):
+        return "applies"
+    return "skipped" if present == 0 else f"partly ({present}/{len(upstream)} targets)"
+
+
+def matrix(trees: dict[str, Path]) -> str:
+    columns = list(trees)
+    lines = [
+        "| fix | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    detail = [
+        "| fix | target | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for fix in config.FIXES:
+        patches = fixes.MODULES[fix.key].PATCHES
+        per_version = {
+            name: [(p.module, compat.target_status(root, p.target, p.params)) for p in patches]
+            for name, root in trees.items()
+        }
+        lines.append(
+            f"| `{fix.key}` | " + " | ".join(fix_summary(per_version[c]) for c in columns) + " |"
+        )
+        for i, patch in enumerate(patches):
+            cells = " | ".join(cell(per_version[c][i][1]) for c in columns)
+            detail.append(f"| `{fix.key}` | `{patch.target}` | {cells} |")
+    probe = " | ".join("yes" if sampler_warmup_after_kv(trees[c]) else "no" for c in columns)
+    lines.append(
+        f"| (kv_headroom's burst: `compile_or_warm_up_model` runs the sampler) | {probe} |"
+    )
+    return "\n".join(lines) + "\n\nPer target:\n\n" + "\n".join(detail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--versions", nargs="+", default=VERSIONS)
+    parser.add_argument("--cache", type=Path, help="keep the unpacked sources here")
+    parser.add_argument("--out", type=Path, help="write the markdown here (default: stdout)")
+    args = parser.parse_args()
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="vllm-compat-"))
+    trees: dict[str, Path] = {}
+    for version in args.versions:
+        started = time.perf_counter()
+        print(f"vLLM {version}: fetching and unpacking ...", file=sys.stderr, flush=True)
+        trees[version] = source_tree(version, cache)
+        print(f"vLLM {version}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    installed = compat.installed_vllm_root()
+    if installed is not None:
+        trees["test bed"] = installed
+    table = matrix(trees)
+    if args.out:
+        args.out.write_text(table + "\n")
+    else:
+        print(table)
+
+
+if __name__ == "__main__":
+    main()
