@@ -57,14 +57,15 @@ def q4_0(data: dict) -> str:
         )
     lines += [
         "",
-        "| layer (27B-like, TP 4) | N x K | kernel µs | GB/s | of copy | quantize() µs |"
-        " host path ms (all threads / 1 thread) | speed-up (all / 1) |",
+        "| layer (27B-like, TP 4) | N x K | kernel µs | GB/s | of copy (same-size copy) |"
+        " quantize() µs | host path ms (all threads / 1 thread) | speed-up (all / 1) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in speed["layers"]:
         lines.append(
             f"| {row['layer']} | {row['n']} x {row['k']} | {row['kernel_s'] * 1e6:.1f} | "
-            f"{row['bandwidth'] / 1e9:,.0f} | {row['fraction_of_copy']:.1%} | "
+            f"{row['bandwidth'] / 1e9:,.0f} | {row['fraction_of_copy']:.1%} "
+            f"({row.get('fraction_of_same_size_copy', float('nan')):.1%}) | "
             f"{row['quantize_call_s'] * 1e6:.0f} | {row['host_s_all_threads'] * 1e3:.0f} / "
             f"{row['host_s_one_thread'] * 1e3:.0f} | {row['speedup_all_threads']:,.0f}x / "
             f"{row['speedup_one_thread']:,.0f}x |"

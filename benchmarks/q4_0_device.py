@@ -126,11 +126,18 @@ def host_path(weight: torch.Tensor) -> None:
     qweight.to(weight.device), scales.to(weight.device)
 
 
-def copy_bandwidth(size: int = 2 * 1024**3) -> float:
-    """Bytes read + written per second by a device-to-device copy."""
+def copy_bandwidth(size: int = 2 * 1024**3, graph: bool = False, launches: int = 20) -> float:
+    """Bytes read + written per second by a device-to-device copy of ``size`` bytes;
+    ``graph``: replayed from a CUDA graph, as the kernel is timed."""
     source = torch.empty(size, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
-    return 2 * size / cuda_time(target.copy_, source)
+    if not graph:
+        return 2 * size / cuda_time(target.copy_, source)
+    copies = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(copies):
+        for _ in range(launches):
+            target.copy_(source)
+    return 2 * size * launches / cuda_time(copies.replay)
 
 
 TILES = [
@@ -138,6 +145,12 @@ TILES = [
     for b in (4, 8, 16, 32)
     for g in (1, 2, 4, 8)
     for w in (2, 4, 8)
+] + [
+    {"block_n": b, "groups": g, "num_warps": w, "stages": s}
+    for b in (4, 8, 16)
+    for g in (2, 4, 8)
+    for w in (2, 4, 8)
+    for s in (2, 3)
 ]
 
 
@@ -166,12 +179,13 @@ def speed() -> dict:
         per_layer = {name: kernel_seconds(w, tiles) for name, w in weights.items()}
         sweep.append({**tiles, "total_s": sum(per_layer.values()), "per_layer": per_layer})
     best = min(sweep, key=lambda row: row["total_s"])
-    tiles = {key: best[key] for key in ("block_n", "groups", "num_warps")}
+    tiles = {key: best[key] for key in ("block_n", "groups", "num_warps", "stages") if key in best}
     rows = []
     for name, n, k in LAYERS_27B_TP4:
         weight = weights[name]
         moved = n * k * 2 + n * k // 2 + n * (k // 128) * 2
         kernel_s = best["per_layer"][name]
+        same_size_copy = copy_bandwidth(n * k * 2, graph=True)
         call_s = cuda_time(kernel.quantize, weight, 128, **tiles)
         host_all = wall_time(host_path, weight)
         torch.set_num_threads(1)
@@ -181,6 +195,8 @@ def speed() -> dict:
             "layer": name, "n": n, "k": k, "bytes_moved": moved,
             "kernel_s": kernel_s, "bandwidth": moved / kernel_s,
             "fraction_of_copy": moved / kernel_s / copy_bw,
+            "same_size_copy_bandwidth": same_size_copy,
+            "fraction_of_same_size_copy": moved / kernel_s / same_size_copy,
             "quantize_call_s": call_s,
             "host_s_all_threads": host_all, "host_s_one_thread": host_one,
             "speedup_all_threads": host_all / call_s, "speedup_one_thread": host_one / call_s,

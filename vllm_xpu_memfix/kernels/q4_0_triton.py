@@ -29,6 +29,26 @@ NUM_WARPS = 2
 
 
 @triton.jit
+def _q4_0_rows(x, ROWS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr):
+    """``x``: fp32 ``[ROWS, GROUP]``, one group per row -> (scales, packed ``[ROWS, WORDS]``)."""
+    # GGML's scan: the first element of largest magnitude sets m. The sum adds x * 0
+    # of every other element, so an inf or NaN anywhere makes m NaN.
+    index = tl.arange(0, GROUP)[None, :]
+    first = tl.argmax(tl.abs(x), axis=1, tie_break_left=True)
+    m = tl.sum(tl.where(index == first[:, None], x, x * 0.0), axis=1)
+    m = tl.where(tl.abs(m) == float("inf"), float("nan"), m)
+    m = tl.where(m == 0, 0.0, m)  # an all-zero group: +0, GGML's initial value
+    d = m * -0.125  # = m / -8 exactly: both are the correctly rounded m/8
+    one = tl.full((ROWS,), 1.0, tl.float32)
+    inverse = tl.where(d != 0, tl.math.div_rn(one, d), 0.0)  # IEEE, as the reference
+    q = x * inverse[:, None] + 8.5
+    q = tl.minimum(q.to(tl.int32), 15)  # float -> int truncates toward zero
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    packed = tl.sum(tl.reshape(q, (ROWS, WORDS, 8)) << shifts, axis=2)
+    return d, packed
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr,
     q_ptr,
@@ -51,36 +71,55 @@ def _quantize_kernel(
     mask = row_ok[:, None] & (cols < k)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = tl.reshape(x.to(tl.float32), (BLOCK_N * GROUPS, GROUP))
-
-    # GGML's scan: the first element of largest magnitude sets m. The sum adds x * 0
-    # of every other element, so an inf or NaN anywhere makes m NaN.
-    index = tl.arange(0, GROUP)[None, :]
-    first = tl.argmax(tl.abs(x), axis=1, tie_break_left=True)
-    m = tl.sum(tl.where(index == first[:, None], x, x * 0.0), axis=1)
-    m = tl.where(tl.abs(m) == float("inf"), float("nan"), m)
-    m = tl.where(m == 0, 0.0, m)  # an all-zero group: +0, GGML's initial value
-    d = m * -0.125  # = m / -8 exactly: both are the correctly rounded m/8
-    one = tl.full((BLOCK_N * GROUPS,), 1.0, tl.float32)
-    inverse = tl.where(d != 0, tl.math.div_rn(one, d), 0.0)  # IEEE, as the reference
-    q = x * inverse[:, None] + 8.5
-    q = tl.minimum(q.to(tl.int32), 15)  # float -> int truncates toward zero
+    d, packed = _q4_0_rows(x, BLOCK_N * GROUPS, GROUP, WORDS)
 
     group_ids = first_group + tl.arange(0, GROUPS)
-    scale_ok = row_ok[:, None] & (group_ids < groups_per_row)[None, :]
     tl.store(
         s_ptr + rows[:, None] * groups_per_row + group_ids[None, :],
         tl.reshape(d.to(tl.float16), (BLOCK_N, GROUPS)),
-        mask=scale_ok,
+        mask=row_ok[:, None] & (group_ids < groups_per_row)[None, :],
     )
-
-    shifts = (tl.arange(0, 8) * 4)[None, None, :]
-    packed = tl.sum(tl.reshape(q, (BLOCK_N * GROUPS, WORDS, 8)) << shifts, axis=2)
     word_cols = first_group * WORDS + tl.arange(0, GROUPS * WORDS)
     tl.store(
         q_ptr + rows[:, None] * words_per_row + word_cols[None, :],
         tl.reshape(packed, (BLOCK_N, GROUPS * WORDS)),
         mask=row_ok[:, None] & (word_cols < words_per_row)[None, :],
     )
+
+
+@triton.jit
+def _quantize_loop_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    n_rows,
+    k,
+    stride_x,
+    words_per_row,
+    groups_per_row,
+    GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    # BLOCK_N rows, GROUPS groups one after another: Triton pipelines the loads.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    for i in tl.range(0, GROUPS, num_stages=STAGES):
+        group = tl.program_id(1) * GROUPS + i
+        cols = group * GROUP + tl.arange(0, GROUP)
+        mask = row_ok[:, None] & (cols < k)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        d, packed = _q4_0_rows(x.to(tl.float32), BLOCK_N, GROUP, WORDS)
+        group_ok = row_ok & ((rows * 0 + group) < groups_per_row)
+        tl.store(s_ptr + rows * groups_per_row + group, d.to(tl.float16), mask=group_ok)
+        word_cols = group * WORDS + tl.arange(0, WORDS)
+        tl.store(
+            q_ptr + rows[:, None] * words_per_row + word_cols[None, :],
+            packed,
+            mask=group_ok[:, None],
+        )
 
 
 @triton.jit
@@ -120,16 +159,20 @@ def launch(
     block_n: int = BLOCK_N,
     groups: int = GROUPS,
     num_warps: int = NUM_WARPS,
+    stages: int = 0,
 ) -> None:
-    """Run the quantize kernel into preallocated outputs (no checks, no sync)."""
+    """Run the quantize kernel into preallocated outputs (no checks, no sync).
+    ``stages`` > 0 takes the looping kernel with that many pipeline stages."""
     n, k = weight.shape
     groups_per_row = scales.shape[1]
     grid = (triton.cdiv(n, block_n), triton.cdiv(groups_per_row, groups))
-    _quantize_kernel[grid](
-        weight, qweight, scales, n, k, weight.stride(0), qweight.shape[1], groups_per_row,
-        GROUP=group_size, WORDS=group_size // PACK, GROUPS=groups, BLOCK_N=block_n,
-        num_warps=num_warps, enable_fp_fusion=False,
-    )  # fmt: skip
+    common = (weight, qweight, scales, n, k, weight.stride(0), qweight.shape[1], groups_per_row)
+    meta = dict(GROUP=group_size, WORDS=group_size // PACK, GROUPS=groups, BLOCK_N=block_n,
+                num_warps=num_warps, enable_fp_fusion=False)  # fmt: skip
+    if stages:
+        _quantize_loop_kernel[grid](*common, STAGES=stages, **meta)
+    else:
+        _quantize_kernel[grid](*common, **meta)
 
 
 def quantize(
