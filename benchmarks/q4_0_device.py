@@ -145,12 +145,6 @@ TILES = [
     for b in (4, 8, 16, 32)
     for g in (1, 2, 4, 8)
     for w in (2, 4, 8)
-] + [
-    {"block_n": b, "groups": g, "num_warps": w, "stages": s}
-    for b in (4, 8, 16)
-    for g in (2, 4, 8)
-    for w in (2, 4, 8)
-    for s in (2, 3)
 ]
 
 
@@ -179,7 +173,7 @@ def speed() -> dict:
         per_layer = {name: kernel_seconds(w, tiles) for name, w in weights.items()}
         sweep.append({**tiles, "total_s": sum(per_layer.values()), "per_layer": per_layer})
     best = min(sweep, key=lambda row: row["total_s"])
-    tiles = {key: best[key] for key in ("block_n", "groups", "num_warps", "stages") if key in best}
+    tiles = {key: best[key] for key in ("block_n", "groups", "num_warps")}
     rows = []
     for name, n, k in LAYERS_27B_TP4:
         weight = weights[name]

@@ -22,9 +22,10 @@ from vllm_xpu_memfix.kernels.q4_0_reference import (
     padded_k,
 )
 
-# Tile sizes chosen on the H200 (docs/device-quant.md): rows x groups per program.
-BLOCK_N = 4
-GROUPS = 4
+# Tile sizes chosen on the H200 (docs/device-quant.md): rows x groups per program. A
+# variant looping over groups with pipelined loads was slower in every configuration.
+BLOCK_N = 8
+GROUPS = 2
 NUM_WARPS = 2
 
 
@@ -88,41 +89,6 @@ def _quantize_kernel(
 
 
 @triton.jit
-def _quantize_loop_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    n_rows,
-    k,
-    stride_x,
-    words_per_row,
-    groups_per_row,
-    GROUP: tl.constexpr,
-    WORDS: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    # BLOCK_N rows, GROUPS groups one after another: Triton pipelines the loads.
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < n_rows
-    for i in tl.range(0, GROUPS, num_stages=STAGES):
-        group = tl.program_id(1) * GROUPS + i
-        cols = group * GROUP + tl.arange(0, GROUP)
-        mask = row_ok[:, None] & (cols < k)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        d, packed = _q4_0_rows(x.to(tl.float32), BLOCK_N, GROUP, WORDS)
-        group_ok = row_ok & ((rows * 0 + group) < groups_per_row)
-        tl.store(s_ptr + rows * groups_per_row + group, d.to(tl.float16), mask=group_ok)
-        word_cols = group * WORDS + tl.arange(0, WORDS)
-        tl.store(
-            q_ptr + rows[:, None] * words_per_row + word_cols[None, :],
-            packed,
-            mask=group_ok[:, None],
-        )
-
-
-@triton.jit
 def _dequantize_kernel(
     q_ptr,
     s_ptr,
@@ -159,20 +125,16 @@ def launch(
     block_n: int = BLOCK_N,
     groups: int = GROUPS,
     num_warps: int = NUM_WARPS,
-    stages: int = 0,
 ) -> None:
-    """Run the quantize kernel into preallocated outputs (no checks, no sync).
-    ``stages`` > 0 takes the looping kernel with that many pipeline stages."""
+    """Run the quantize kernel into preallocated outputs (no checks, no sync)."""
     n, k = weight.shape
     groups_per_row = scales.shape[1]
     grid = (triton.cdiv(n, block_n), triton.cdiv(groups_per_row, groups))
-    common = (weight, qweight, scales, n, k, weight.stride(0), qweight.shape[1], groups_per_row)
-    meta = dict(GROUP=group_size, WORDS=group_size // PACK, GROUPS=groups, BLOCK_N=block_n,
-                num_warps=num_warps, enable_fp_fusion=False)  # fmt: skip
-    if stages:
-        _quantize_loop_kernel[grid](*common, STAGES=stages, **meta)
-    else:
-        _quantize_kernel[grid](*common, **meta)
+    _quantize_kernel[grid](
+        weight, qweight, scales, n, k, weight.stride(0), qweight.shape[1], groups_per_row,
+        GROUP=group_size, WORDS=group_size // PACK, GROUPS=groups, BLOCK_N=block_n,
+        num_warps=num_warps, enable_fp_fusion=False,
+    )  # fmt: skip
 
 
 def quantize(
