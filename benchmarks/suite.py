@@ -6,9 +6,10 @@ the real vLLM OpenAI server (CPU build, ``--enforce-eager``) once with the plugi
 not even imported), in alternating order, and measures:
 
 - start-up wall time to ``/health``;
-- the worker's RSS right after "Model loading took" and at ready, and the peak
-  RSS summed over the server's process tree (sampled every 0.5 s from outside,
-  so the figures are the same kind with the plugin off);
+- the worker's RSS when vLLM logs "Loading weights took" (checkpoint read, not yet
+  processed) and at ready, and the peak RSS summed over the server's process tree
+  (sampled every 0.25 s from outside, so the figures are the same kind with the
+  plugin off);
 - the KV cache vLLM chose (its "KV cache size: N tokens" line);
 - throughput over loopback: a fixed workload of requests with ``ignore_eos``.
 
@@ -41,7 +42,8 @@ from vllm_xpu_memfix.monitor import Sampler
 CASES = {"on": {"VLLM_XPU_MEMFIX": "1"}, "off": {"VLLM_PLUGINS": "none"}}
 MiB = 1024**2
 PROMPT = "Host memory, device memory and the page cache are different things. " * 4
-LOADED = "Model loading took"
+# vLLM logs this when the checkpoint is read, before processing (and the plugin's release).
+LOADED = "Loading weights took"
 KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 
@@ -52,7 +54,7 @@ def progress(message: str) -> None:
 class TreeWatch(threading.Thread):
     """Samples the server's process tree until stopped; notes the worker after loading."""
 
-    def __init__(self, server: Server, interval: float = 0.5) -> None:
+    def __init__(self, server: Server, interval: float = 0.25) -> None:
         super().__init__(daemon=True)
         assert server.process is not None
         self.server = server
@@ -99,7 +101,7 @@ def run_case(model: Path, env: dict[str, str], log: Path, args: argparse.Namespa
         kv = KV_TOKENS.search(server.log_text())
     return {
         "start-up to /health (s)": ready,
-        "worker RSS after load (MiB)": (watch.worker_after_load or 0) / MiB,
+        "worker RSS when the weights are read (MiB)": (watch.worker_after_load or 0) / MiB,
         "worker RSS at ready (MiB)": (at_ready or 0) / MiB,
         "peak summed RSS of the tree (MiB)": watch.sampler.peaks.summed_rss / MiB,
         "KV cache (tokens)": int(kv.group(1).replace(",", "")) if kv else 0,
