@@ -36,12 +36,19 @@ def test_missing_module_and_attribute_are_named(vllm_root):
     )
 
 
-def test_module_attributes_bound_by_import_count_as_present(tmp_path):
-    package = tmp_path / "pkg"
+def write_module(root: Path, source: str) -> None:
+    """``pkg.mod`` under ``root`` with ``source``: a synthetic tree to scan."""
+    package = root / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "mod.py").write_text(
-        "from other import qwen_warmup\nLIMIT: int = 3\nclass A:\n    def f(self): ...\n    x = 1\n"
+    (package / "mod.py").write_text(source)
+
+
+def test_module_attributes_bound_by_import_count_as_present(tmp_path):
+    write_module(
+        tmp_path,
+        "from other import qwen_warmup\nLIMIT: int = 3\n"
+        "class A:\n    def f(self): ...\n    x = 1\n",
     )
     for target in ("pkg.mod:qwen_warmup", "pkg.mod:LIMIT", "pkg.mod:A.f", "pkg.mod:A.x"):
         assert compat.target_status(tmp_path, target) == compat.PRESENT, target
@@ -49,13 +56,11 @@ def test_module_attributes_bound_by_import_count_as_present(tmp_path):
 
 
 def test_a_changed_signature_is_reported(tmp_path):
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "mod.py").write_text(
+    write_module(
+        tmp_path,
         "def quantize(layer, bits=4): ...\n"
         "def renamed(module): ...\n"
-        "class W:\n    def load(self, layer): ...\n"
+        "class W:\n    def load(self, layer): ...\n",
     )
     assert compat.target_status(tmp_path, "pkg.mod:quantize", ("layer",)) == compat.PRESENT
     assert compat.target_status(tmp_path, "pkg.mod:W.load", ("layer",)) == compat.PRESENT

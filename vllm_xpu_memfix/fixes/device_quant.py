@@ -29,6 +29,7 @@ Upstream
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 from vllm_xpu_memfix.config import Settings
@@ -80,10 +81,11 @@ def self_check(module: Any, device: Any) -> str | None:
         dev_q, dev_s = quantize_q4_0(weight.to(device), group)
     except Exception as exc:
         return f"the device kernel failed: {type(exc).__name__}: {exc}"
-    if not torch.equal(lib_q, dev_q.cpu()):
-        differ = int((lib_q != dev_q.cpu()).sum())
+    dev_q, dev_s = dev_q.cpu(), dev_s.cpu()
+    if not torch.equal(lib_q, dev_q):
+        differ = int((lib_q != dev_q).sum())
         return f"the kernel's packed words differ from the library's ({differ} of {lib_q.numel()})"
-    if not torch.equal(lib_s.view(torch.int16), dev_s.cpu().view(torch.int16)):
+    if not torch.equal(lib_s.view(torch.int16), dev_s.view(torch.int16)):
         return "the kernel's fp16 scales differ from the library's"
     return None
 
@@ -100,8 +102,6 @@ def verdict() -> tuple[bool, str]:
 
 
 def _decide() -> tuple[bool, str]:
-    import sys
-
     module = sys.modules.get(MODULE)
     if module is None:
         return False, f"{MODULE} is not loaded"
@@ -125,8 +125,6 @@ def _use_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _quantize_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-    import sys
-
     module = sys.modules[MODULE]
     if getattr(module, "_HAS_XPU_Q4_0", False):
         return wrapped(*args, **kwargs)

@@ -53,6 +53,18 @@ def nonfinite_error(where: str) -> ValueError:
     return ValueError(f"weight holds inf or NaN in {where}; not quantized")
 
 
+def check_scales(qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
+    """Both tensors of one quantized weight, for ``group_size``; raises on a mismatch."""
+    check_group_size(group_size)
+    n, words = qweight.shape
+    expected = (n, words * PACK // group_size)
+    if tuple(scales.shape) != expected:
+        raise ValueError(
+            f"scales shape {tuple(scales.shape)} does not match qweight {tuple(qweight.shape)} "
+            f"with group_size {group_size}: expected {expected}"
+        )
+
+
 def padded_k(k: int, group_size: int) -> int:
     return -(-k // group_size) * group_size
 
@@ -90,14 +102,9 @@ def dequantize(
     group_size: int = 128,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    check_group_size(group_size)
+    check_scales(qweight, scales, group_size)
     n, words = qweight.shape
     kp = words * PACK
-    if scales.shape != (n, kp // group_size):
-        raise ValueError(
-            f"scales shape {tuple(scales.shape)} does not match qweight {tuple(qweight.shape)} "
-            f"with group_size {group_size}: expected {(n, kp // group_size)}"
-        )
     shifts = torch.arange(PACK, dtype=torch.int32, device=qweight.device) * 4
     q = (qweight.unsqueeze(-1) >> shifts) & 0xF
     values = (q.view(n, kp // group_size, group_size) - 8).to(torch.float32)

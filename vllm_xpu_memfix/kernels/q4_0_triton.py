@@ -17,6 +17,7 @@ import triton.language as tl
 from vllm_xpu_memfix.kernels.q4_0_reference import (
     PACK,
     check_group_size,
+    check_scales,
     check_weight,
     nonfinite_error,
     padded_k,
@@ -162,13 +163,8 @@ def dequantize(
     dtype: torch.dtype = torch.float32,
     block_n: int = BLOCK_N,
 ) -> torch.Tensor:
-    check_group_size(group_size)
+    check_scales(qweight, scales, group_size)
     n, words = qweight.shape
-    if scales.shape != (n, words * PACK // group_size):
-        raise ValueError(
-            f"scales shape {tuple(scales.shape)} does not match qweight {tuple(qweight.shape)} "
-            f"with group_size {group_size}"
-        )
     qweight, scales = qweight.contiguous(), scales.contiguous()
     out = torch.empty((n, words * PACK), dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(n, block_n), words * PACK // group_size)
