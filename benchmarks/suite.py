@@ -14,7 +14,7 @@ not even imported), in alternating order, and measures:
 - throughput over loopback: a fixed workload of requests with ``ignore_eos``.
 
 Then, unless ``--skip-host-release``, the host_release cases of
-benchmarks/host_release.py (bf16, --dtype float32, stand-in int4; fix on vs off).
+benchmarks/host_release.py (bf16, --dtype float32, stand-in int4; fix off, gc + trim floor, on).
 Writes ``benchmarks/results/<date>.md``.
 
     .venv/bin/python benchmarks/suite.py [--rounds 3] [--requests 24] [--out FILE.md]

@@ -56,7 +56,7 @@ def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env
         **env,
     }, extra_args=CASES[case])  # fmt: skip
     server.wait_ready(timeout_s=400)
-    server.complete("Hello", max_tokens=2)
+    greedy = server.complete("Hello", max_tokens=4, temperature=0, logprobs=3)["choices"][0]
     log = server.log_text()
     server.stop()
     for path in ledger.glob("ledger-*.jsonl"):
@@ -64,7 +64,7 @@ def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env
             json.loads(line)["phase"]: json.loads(line) for line in path.read_text().splitlines()
         }
         if str(rows.get("ready", {}).get("role", "")).startswith("worker"):
-            return {"ready": rows["ready"]["rss_anon"], "log": log}
+            return {"ready": rows["ready"]["rss_anon"], "log": log, "greedy": greedy}
     raise AssertionError(f"no worker ledger for {case}/{release}:\n{log[-3000:]}")
 
 
@@ -92,6 +92,26 @@ def test_release_lowers_worker_memory_in_every_case_and_leaves_no_staging(
     overhead_bf16 = results["bf16"][0] - ckpt.total_bytes
     overhead_int4 = results["int4"][0] - int4_weights
     assert overhead_int4 <= 1.05 * overhead_bf16, (overhead_int4 / MiB, overhead_bf16 / MiB)
+
+
+def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output(
+    serve, one_b_model, tmp_path
+):
+    """Fix on with the vocab copies kept is the plain gc + trim floor of the issue; dropping
+    them saves the two dead vocab x hidden matrices on top, and greedy decoding is unchanged
+    to the last logprob."""
+    from vllm_xpu_memfix.demo.tiny_model import ONE_B
+
+    matrix_mib = ONE_B.vocab_size * ONE_B.hidden_size * 2 / MiB  # bf16
+    dropped = ready_row(serve, one_b_model, tmp_path, "bf16", "on")
+    floor = ready_row(serve, one_b_model, tmp_path, "bf16", "on",
+                      VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES="off")  # fmt: skip
+    assert "unused vocab copies released 2" in dropped["log"]
+    assert "unused vocab copies" not in floor["log"]
+    beyond_floor = (floor["ready"] - dropped["ready"]) / MiB
+    assert beyond_floor >= 1.6 * matrix_mib, (beyond_floor, matrix_mib)
+    assert dropped["greedy"]["text"] == floor["greedy"]["text"]
+    assert dropped["greedy"]["logprobs"] == floor["greedy"]["logprobs"]
 
 
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")

@@ -149,6 +149,16 @@ DROP_PAGE_CACHE = Variable(
     doc="After loading, advise the kernel to drop the checkpoint's pages from the page cache.",
     choices=("on", "off"),
 )
+RELEASE_VOCAB_COPIES = Variable(
+    name=f"{PREFIX}_RELEASE_VOCAB_COPIES",
+    default="on",
+    accepted="on, off",
+    doc="On vLLM's CPU backend, host_release drops the vocabulary-matrix copies that are never "
+    "read after prepacking: the input embedding's packed GEMM copy and an untied lm_head's "
+    "unpacked weight (kept where LoRA, a draft model, head_dtype or the model's code may read "
+    "it). No effect on XPU, where nothing is prepacked.",
+    choices=("on", "off"),
+)
 WARMUP_SLOTS = Variable(
     name=f"{PREFIX}_WARMUP_SLOTS",
     default="1",
@@ -203,6 +213,7 @@ VARIABLES: tuple[Variable, ...] = (
     RELEASE_ATTRS,
     RELEASE_EVERY_MIB,
     DROP_PAGE_CACHE,
+    RELEASE_VOCAB_COPIES,
     WARMUP_SLOTS,
     WARMUP_TIMEOUT_S,
     WARMUP_SCOPE,
@@ -220,6 +231,7 @@ class Settings:
     release_attrs: tuple[str, ...] = ()
     release_every_mib: int = 1024
     drop_page_cache: bool = False
+    release_vocab_copies: bool = True
     warmup_slots: int = 1
     warmup_timeout_s: float = 900.0
     warmup_scope: str = "host"
@@ -315,6 +327,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         release_every_mib=int(_parse_number(RELEASE_EVERY_MIB, env, integer=True, minimum=0)),
         drop_page_cache=_parse_choice(DROP_PAGE_CACHE, env) == "on",
+        release_vocab_copies=_parse_choice(RELEASE_VOCAB_COPIES, env) == "on",
         warmup_slots=int(_parse_number(WARMUP_SLOTS, env, integer=True, minimum=1)),
         warmup_timeout_s=_parse_number(WARMUP_TIMEOUT_S, env, integer=False, minimum=0.0),
         warmup_scope=_parse_choice(WARMUP_SCOPE, env),

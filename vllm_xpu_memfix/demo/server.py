@@ -129,8 +129,9 @@ class Server:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
 
-    def complete(self, prompt: str, max_tokens: int = 8) -> dict[str, Any]:
-        return self.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens})
+    def complete(self, prompt: str, max_tokens: int = 8, **fields: Any) -> dict[str, Any]:
+        """``fields`` go into the request as they are (``temperature=0``, ``logprobs=5``)."""
+        return self.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **fields})
 
     def chat(self, content: str, max_tokens: int = 8) -> dict[str, Any]:
         messages = [{"role": "user", "content": content}]

@@ -7,12 +7,16 @@ Problem
     int4) in every rank at once; glibc keeps the freed chunks in its arenas;
     module attributes can keep host tensors alive (tenstorrent vllm #161, vllm
     #36537); checkpoint pages stay in the page cache, charged to the
-    container. vLLM up to 0.34 never calls ``malloc_trim``.
+    container. vLLM up to 0.34 never calls ``malloc_trim``. On vLLM's CPU
+    backend, prepacking leaves two vocab x hidden matrices that are never
+    read (memory/vocab_copies.py).
 Mechanism
     Right after ``Worker.load_model`` (weights loaded and processed, KV cache
     not yet sized): report host tensors the model still holds on a device
     worker; delete plain attributes matching ``VLLM_XPU_MEMFIX_RELEASE_ATTRS``
-    (registered parameters and buffers never); ``gc.collect()``, the
+    (registered parameters and buffers never); on the CPU backend, drop the
+    unused vocabulary copies (the embedding's packed GEMM copy, an untied
+    lm_head's unpacked weight, where nothing can read it); ``gc.collect()``, the
     accelerator's ``empty_cache()`` and the allocator's release call (glibc
     ``malloc_trim``, tcmalloc ``MallocExtension_ReleaseFreeMemory``, jemalloc
     ``arena.<all>.purge``); optionally ``posix_fadvise(DONTNEED)`` on the
@@ -29,10 +33,11 @@ Targets
     per layer).
 Switch
     ``VLLM_XPU_MEMFIX_HOST_RELEASE`` (auto = on); ``_RELEASE_ATTRS``,
-    ``_RELEASE_EVERY_MIB``, ``_DROP_PAGE_CACHE``.
+    ``_RELEASE_EVERY_MIB``, ``_DROP_PAGE_CACHE``, ``_RELEASE_VOCAB_COPIES``.
 Upstream
     ``malloc_trim`` after ``process_weights_after_loading`` in
-    ``BaseModelLoader.load_model``; see docs/upstream/host-release.md.
+    ``BaseModelLoader.load_model``, and ``remove_weight`` chosen per layer
+    kind in ``UnquantizedEmbeddingMethod``; see docs/upstream/host-release.md.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def drop_page_cache(directory: Path) -> int:
 def release_after_load(instance: Any, settings: Settings) -> str:
     """Do the release for one worker; returns the log line."""
     from vllm_xpu_memfix.memory import allocator, audit
+    from vllm_xpu_memfix.memory.vocab_copies import VocabRelease, release_unused_vocab_copies
 
     started = time.perf_counter()
     before = _rss_anon()
@@ -94,11 +100,21 @@ def release_after_load(instance: Any, settings: Settings) -> str:
             logger.info("vllm-xpu-memfix: host tensor still held after loading: %s", leftover)
     released = audit.release_matching(model, settings.release_attrs)
     attr_bytes = sum(t.nbytes for t in released)
+    vocab = VocabRelease()
+    if settings.release_vocab_copies:
+        vocab = release_unused_vocab_copies(model, getattr(instance, "vllm_config", None))
+        for kept in vocab.kept:
+            logger.info("vllm-xpu-memfix: vocab copy kept: %s", kept)
     freed = allocator.release_free_memory()
     after = _rss_anon()
     parts = [
         f"RssAnon {before / MiB:,.0f} -> {after / MiB:,.0f} MiB ({(after - before) / MiB:+,.0f})",
         f"attributes released {len(released)} ({attr_bytes / MiB:,.0f} MiB)",
+        *(
+            [f"unused vocab copies released {len(vocab.released)} ({vocab.nbytes / MiB:,.0f} MiB)"]
+            if vocab.released
+            else []
+        ),
         f"{freed.allocator} release {'done' if freed.released else 'unavailable'}",
         f"gc {freed.gc_s:.2f} s, trim {freed.trim_s * 1e3:.0f} ms",
     ]
