@@ -11,7 +11,8 @@ after loading (the fix with ``RELEASE_VOCAB_COPIES=off``, which leaves exactly
 that on the CPU build); and the fix on. Each server gets one request; figures
 come from the worker's ledger JSON lines.
 
-    .venv/bin/python benchmarks/host_release.py --rounds 3 [--cases bf16,eager,tp2] [--out FILE.md]
+    .venv/bin/python benchmarks/host_release.py --rounds 3 [--cases bf16,eager,tp2] \
+        [--model DIR] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ CASES = {
     "tp2": ("bf16, TP=2 (rank 0)", ["--tensor-parallel-size", "2"]),
 }  # fmt: skip
 DEFAULT_CASES = ("bf16", "float32", "int4")
+
+
+def case_env(case: str) -> dict[str, str]:
+    """TP=2 on the CPU build needs each rank's OpenMP threads bound by hand on a one-NUMA-node
+    host: half of the usable cores each."""
+    if case != "tp2":
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    ranks = (cores[:half], cores[half:] or cores[:half])
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, r)) for r in ranks)}
+
+
 MiB = 1024**2
 
 
@@ -81,10 +95,12 @@ ARMS = {
 }
 
 
-def measure(model: Path, args: list[str], arm: str, workdir: Path) -> dict[str, float]:
+def measure(model: Path, case: str, arm: str, workdir: Path) -> dict[str, float]:
     ledger = Path(tempfile.mkdtemp(dir=workdir, prefix="ledger-"))
+    args = CASES[case][1]
     env = {
         **ARMS[arm],
+        **case_env(case),
         "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
         "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
     }
@@ -111,7 +127,7 @@ def report(
         for case in cases:
             for arm in order:
                 started = time.monotonic()
-                figures = measure(model, CASES[case][1], arm, workdir)
+                figures = measure(model, case, arm, workdir)
                 results.setdefault((case, arm), []).append(figures)
                 done += 1
                 elapsed = time.monotonic() - started
@@ -154,6 +170,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--model", type=Path, help="reuse a model directory (default: make one)")
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
                         help=f"comma-separated, of {', '.join(CASES)}")  # fmt: skip
     args = parser.parse_args()
@@ -162,11 +179,13 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     workdir = Path(tempfile.mkdtemp(prefix="host-release-"))
-    print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
-    model = make_model(workdir / "model", ONE_B)
-    table = "\n".join(
-        report(model, args.rounds, workdir, lambda m: print(m, file=sys.stderr), cases)
-    )
+    model = args.model
+    if model is None:
+        print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
+        model = make_model(workdir / "model", ONE_B)
+    lines = report(model, args.rounds, workdir, lambda m: print(m, file=sys.stderr), cases)
+    command = " ".join(["benchmarks/host_release.py", *sys.argv[1:]])
+    table = "\n".join([*lines[:2], f"Command: `.venv/bin/python {command}`", "", *lines[2:]])
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

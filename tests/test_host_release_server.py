@@ -23,10 +23,11 @@ CASES = {
     "float32": ["--dtype", "float32"],
     "int4": ["--quantization", "stand_in_int4"],
 }
-# Worker RssAnon at ready must be lower with the fix on by at least this much. From
-# benchmarks/results/host-release-2026-12-02.md (3 alternating rounds): with the fix on,
-# runs of one case agree to 1 MiB; with it off, retention varies run to run, and the
-# smallest saving seen was 47 MiB (float32), 64 MiB (int4) and 127 MiB (bf16).
+# Worker RssAnon at ready must be lower with the fix on by at least this much. With the fix
+# on, runs of one case agree to 1 MiB; with it off, retention varies run to run. The smallest
+# saving of gc + trim alone was 47 MiB (float32; benchmarks/results/host-release-2026-12-02.md),
+# so this margin holds even where the CPU backend prepacks nothing; the full fix saved at
+# least 331 MiB (benchmarks/results/host-release-2026-12-03.md), tested below.
 MARGIN_MIB = 25
 
 
@@ -106,6 +107,8 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
     dropped = ready_row(serve, one_b_model, tmp_path, "bf16", "on")
     floor = ready_row(serve, one_b_model, tmp_path, "bf16", "on",
                       VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES="off")  # fmt: skip
+    if "Failed to create oneDNN linear" in dropped["log"]:
+        pytest.skip("vLLM could not prepack on this CPU, so there is no copy to drop")
     assert "unused vocab copies released 2" in dropped["log"]
     assert "unused vocab copies" not in floor["log"]
     beyond_floor = (floor["ready"] - dropped["ready"]) / MiB

@@ -1,0 +1,99 @@
+"""How much a second gc.collect() + malloc_trim(0) gives back once the worker is ready.
+
+Serves the ~1 B-parameter test model with host_release on and off. A
+``sitecustomize`` put on the servers' PYTHONPATH installs a handler for a
+real-time signal in every vLLM process; at ready (after one request) the script
+signals them, and each one writes its RssAnon before and after ``gc.collect()``
+and ``malloc_trim(0)``. A near-zero figure with the fix on means no freed memory
+is left in the allocator for anyone to return. glibc only.
+
+    .venv/bin/python benchmarks/trim_at_ready.py [--model DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from vllm_xpu_memfix.demo.server import Server
+from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+
+PROBE_SIGNAL = signal.SIGRTMIN + 6
+SITECUSTOMIZE = textwrap.dedent(
+    f"""
+    import ctypes, gc, os, signal
+
+    def _rss_anon_kib():
+        with open("/proc/self/status") as status:
+            return next(int(l.split()[1]) for l in status if l.startswith("RssAnon"))
+
+    def _probe(signum, frame):
+        before = _rss_anon_kib()
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/comm") as comm:
+            name = comm.read().strip()
+        with open(os.path.join(os.environ["TRIM_PROBE_DIR"], f"{{os.getpid()}}.txt"), "w") as out:
+            out.write(f"{{name}} {{before}} {{_rss_anon_kib()}}\\n")
+
+    if os.environ.get("TRIM_PROBE_DIR"):
+        open(os.path.join(os.environ["TRIM_PROBE_DIR"], f"{{os.getpid()}}.pid"), "w").close()
+        signal.signal({int(PROBE_SIGNAL)}, _probe)
+    """
+)
+
+
+def probe(model: Path, release: str, workdir: Path) -> tuple[float, float]:
+    """Worker RssAnon (MiB) at ready, before and after the second release."""
+    results = Path(tempfile.mkdtemp(dir=workdir, prefix=f"trim-{release}-"))
+    hooks = workdir / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {
+        "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
+        "TRIM_PROBE_DIR": str(results),
+        "PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]),
+    }
+    with Server(model, results / "server.log", env=env) as server:
+        server.wait_ready(timeout_s=400)
+        server.complete("Hello", max_tokens=4)
+        for pid_file in results.glob("*.pid"):
+            with contextlib.suppress(ProcessLookupError):  # e.g. a finished helper
+                os.kill(int(pid_file.stem), PROBE_SIGNAL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = [p.read_text().split() for p in results.glob("*.txt")]
+            workers = [row for row in rows if row and "Worker" in row[0]]
+            if workers:
+                _, before, after = workers[0]
+                return int(before) / 1024, int(after) / 1024
+            time.sleep(0.5)
+    raise RuntimeError(f"the worker did not answer the probe; see {results / 'server.log'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a model directory (default: make one)")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="trim-at-ready-"))
+    model = args.model
+    if model is None:
+        print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
+        model = make_model(workdir / "model", ONE_B)
+    print("| host_release | worker RssAnon at ready | after a second gc + trim | returned |")
+    print("|---|---|---|---|")
+    for release in ("on", "off"):
+        before, after = probe(model, release, workdir)
+        print(f"| {release} | {before:,.0f} MiB | {after:,.0f} MiB | {before - after:,.0f} MiB |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
