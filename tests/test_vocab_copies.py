@@ -141,3 +141,15 @@ def test_layers_without_a_packed_copy_are_left_alone():
     result = release_unused_vocab_copies(model, engine())
     assert not result.released and not result.kept
     assert model.lm_head.weight.numel() > 0
+
+
+def test_a_vllm_without_the_vocabulary_layers_is_skipped_with_a_reason(monkeypatch):
+    import sys
+
+    from helpers.vocab_models import CausalLM, process
+
+    model = process(CausalLM())
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.vocab_parallel_embedding", None)
+    result = release_unused_vocab_copies(model, engine())
+    assert not result.released and "no vocab_parallel_embedding" in result.kept[0]
+    assert model.lm_head.weight.numel() > 0

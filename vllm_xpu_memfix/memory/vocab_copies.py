@@ -106,12 +106,16 @@ def reasons_to_keep_lm_head_weight(model: Any, vllm_config: Any) -> list[str]:
 def release_unused_vocab_copies(model: Any, vllm_config: Any) -> VocabRelease:
     """Drop the dead copies described in the module docstring; returns what went and what stayed."""
     import torch
-    from vllm.model_executor.layers.vocab_parallel_embedding import (
-        ParallelLMHead,
-        VocabParallelEmbedding,
-    )
 
     result = VocabRelease()
+    try:
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            VocabParallelEmbedding,
+        )
+    except ImportError as exc:
+        result.kept.append(f"all: this vLLM has no vocab_parallel_embedding layers ({exc})")
+        return result
     vocab: list[tuple[str, Any]] = [
         (name, module)
         for name, module in model.named_modules()
