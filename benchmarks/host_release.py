@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import report_table
+
 from vllm_xpu_memfix.demo.server import Server
 from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
 from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
@@ -141,17 +143,15 @@ def report(
         f"{rounds} rounds in rotating arm order, medians. Worker RssAnon in MiB from its ledger; "
         "'weights processed' is logged before the release, 'KV cache sized' after it.",
         "",
-        "| case | arm | weights processed | KV cache sized | ready (runs) | ready median "
-        "| ready / off | saved vs off | ready - own weights |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for case in cases:
         off = statistics.median(r["ready"] for r in results[(case, "off")])
         weights = own_weight_bytes(model, case) / MiB
         for arm in arms:
             runs = results[(case, arm)]
             ready = statistics.median(r["ready"] for r in runs)
-            cells = [
+            rows.append([
                 CASES[case][0],
                 arm,
                 f"{statistics.median(r['weights processed'] for r in runs):,.0f}",
@@ -161,9 +161,10 @@ def report(
                 f"{ready / off:.3f}",
                 f"{off - ready:,.0f}",
                 f"{ready - weights:,.0f}",
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            ])  # fmt: skip
+    header = ("case", "arm", "weights processed", "KV cache sized", "ready (runs)", "ready median",
+              "ready / off", "saved vs off", "ready - own weights")  # fmt: skip
+    return lines + report_table.table(header, rows)
 
 
 def main() -> int:

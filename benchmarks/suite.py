@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import host_release
+import report_table
 
 from vllm_xpu_memfix.demo.server import Server
 from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
@@ -111,26 +112,23 @@ def run_case(model: Path, env: dict[str, str], log: Path, args: argparse.Namespa
 
 
 def table(results: dict[str, list[dict]], rounds: int) -> list[str]:
-    lines = [
-        "| metric | plugin on (runs) | plugin off (runs) | median on | median off | on / off |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for metric in results["on"][0]:
         on = [r[metric] for r in results["on"]]
         off = [r[metric] for r in results["off"]]
         fmt = "{:,.0f}" if max(on + off) >= 100 else "{:,.2f}"
-        cells = [
+        ratio = statistics.median(on) / statistics.median(off) if statistics.median(off) else None
+        rows.append([
             metric,
             ", ".join(fmt.format(v) for v in on),
             ", ".join(fmt.format(v) for v in off),
             fmt.format(statistics.median(on)),
             fmt.format(statistics.median(off)),
-            f"{statistics.median(on) / statistics.median(off):.3f}"
-            if statistics.median(off)
-            else "-",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            "-" if ratio is None else f"{ratio:.3f}",
+        ])  # fmt: skip
+    header = ("metric", "plugin on (runs)", "plugin off (runs)", "median on", "median off",
+              "on / off")  # fmt: skip
+    return report_table.table(header, rows)
 
 
 def main() -> int:

@@ -22,6 +22,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import report_table
+
 from vllm_xpu_memfix.demo.server import Server
 from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
 
@@ -87,11 +89,12 @@ def main() -> int:
     if model is None:
         print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
         model = make_model(workdir / "model", ONE_B)
-    print("| host_release | worker RssAnon at ready | after a second gc + trim | returned |")
-    print("|---|---|---|---|")
+    rows = []
     for release in ("on", "off"):
         before, after = probe(model, release, workdir)
-        print(f"| {release} | {before:,.0f} MiB | {after:,.0f} MiB | {before - after:,.0f} MiB |")
+        rows.append([release, *(f"{mib:,.0f} MiB" for mib in (before, after, before - after))])
+    header = ("host_release", "worker RssAnon at ready", "after a second gc + trim", "returned")
+    print("\n".join(report_table.table(header, rows)))
     return 0
 
 
