@@ -113,8 +113,9 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
     assert "unused vocab copies" not in floor["log"]
     beyond_floor = (floor["ready"] - dropped["ready"]) / MiB
     assert beyond_floor >= 1.6 * matrix_mib, (beyond_floor, matrix_mib)
-    # Same tokens; logprobs equal up to the last bits that oneDNN's alignment-dependent
-    # kernels can vary between any two processes (one full-suite run of three saw that).
+    # Same tokens and their logprobs to 1e-3. Not the whole logprobs object: in one of three
+    # runs it differed with the text equal, and its top_logprobs dict is keyed by decoded
+    # strings, which the test tokenizer maps many ids to ("").
     assert dropped["greedy"]["text"] == floor["greedy"]["text"]
     kept, gone = floor["greedy"]["logprobs"], dropped["greedy"]["logprobs"]
     assert gone["tokens"] == kept["tokens"]
