@@ -15,7 +15,14 @@ the second is measured, as the post-KV warm-up would be:
 "sort" forces ``apply_top_k_top_p_pytorch`` (vLLM's path where Triton is missing)
 by clearing ``topk_topp_sampler.HAS_TRITON``; "triton" is the default path.
 
-    python benchmarks/kv_headroom_device.py --out DIR
+``--tp N`` measures one rank of tensor parallelism N on the one GPU: the lm_head
+is this rank's shard of the padded vocabulary, and its logits go through vLLM's
+own ``DeviceCommunicatorBase.all_gather`` (which XPU's communicator inherits)
+and the vocabulary slice. Only the collective itself is a stand-in: it fills the
+output with this rank's shard in place, allocating nothing, so the figure is
+torch's part of the burst; NCCL's or oneCCL's own buffers are what the slack is for.
+
+    python benchmarks/kv_headroom_device.py --out DIR [--tp 4]
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # no FlashInfer on th
 import torch
 import torch.nn.functional as F
 
-from vllm_xpu_memfix.memory.estimate import BurstShape, dtype_bytes, estimate_sampler_burst
+from vllm_xpu_memfix.memory.estimate import (
+    BurstShape,
+    dtype_bytes,
+    estimate_sampler_burst,
+    pad_vocab,
+)
 
 MiB = 1024**2
 HIDDEN = 2048
@@ -110,6 +122,29 @@ def stand_in_runner(weight: torch.Tensor, vocab: int, device: torch.device):
     return runner, via
 
 
+def tp_runner(weight: torch.Tensor, vocab: int, tp: int, device: torch.device):
+    """A runner whose logits are one rank's shard, gathered by vLLM's all_gather."""
+    import torch.distributed as dist
+    from vllm.distributed.device_communicators.base_device_communicator import (
+        DeviceCommunicatorBase,
+    )
+
+    def fill_from_this_rank(output, input_, group=None):
+        output.view(tp, *input_.shape).copy_(input_.expand(tp, *input_.shape))
+
+    dist.all_gather_into_tensor = fill_from_this_rank
+    shard = weight[: pad_vocab(vocab) // tp]
+    communicator = SimpleNamespace(world_size=tp, device_group=None)
+
+    def logits(hidden):
+        gathered = DeviceCommunicatorBase.all_gather(communicator, F.linear(hidden, shard), -1)
+        return gathered[..., :vocab]
+
+    runner, _ = stand_in_runner(weight, vocab, device)
+    runner.model = SimpleNamespace(compute_logits=logits)
+    return runner, f"rank shard + vLLM DeviceCommunicatorBase.all_gather (TP {tp})"
+
+
 def measure(run, runner, hidden: torch.Tensor) -> dict[str, int]:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -130,7 +165,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tp", type=int, default=1, help="measure one rank of this TP size")
     args = parser.parse_args()
+    dtypes, vocabs = (DTYPES, VOCABS) if args.tp == 1 else (("bfloat16",), VOCABS[1:])
     args.out.mkdir(parents=True, exist_ok=True)
 
     from vllm.v1.sample.ops import topk_topp_sampler
@@ -141,20 +178,23 @@ def main() -> None:
     rows = []
     cold = None
     logits_via = ""
-    for dtype_name in DTYPES:
+    for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
-        for vocab in VOCABS:
+        for vocab in vocabs:
             weight = torch.randn(vocab, HIDDEN, dtype=dtype, device=device) * 0.02
             for path in PATHS:
                 topk_topp_sampler.HAS_TRITON = path == "triton"
-                runner, logits_via = stand_in_runner(weight, vocab, device)
+                if args.tp == 1:
+                    runner, logits_via = stand_in_runner(weight, vocab, device)
+                else:
+                    runner, logits_via = tp_runner(weight, vocab, args.tp, device)
                 for batch in BATCHES:
                     hidden = torch.randn(batch, HIDDEN, dtype=dtype, device=device)
                     first = measure(run, runner, hidden)  # the profile run's call
                     if cold is None:
                         cold = first
                     samples = [measure(run, runner, hidden) for _ in range(args.repeats)]
-                    shape = BurstShape(batch, vocab, dtype_bytes(dtype), 1, HIDDEN, path)
+                    shape = BurstShape(batch, vocab, dtype_bytes(dtype), args.tp, HIDDEN, path)
                     estimate = estimate_sampler_burst(shape)
                     row = {
                         "dtype": dtype_name,
@@ -175,6 +215,7 @@ def main() -> None:
                     del hidden
             del weight
     result = {
+        "tp": args.tp,
         "via": via,
         "logits_via": logits_via,
         "stand_ins": "runner = namespace carrying vLLM's Sampler; lm_head = a weight of V rows",
@@ -186,7 +227,8 @@ def main() -> None:
         "rows": rows,
         "when": time.strftime("%Y-%m-%d %H:%M"),
     }
-    (args.out / "kv_headroom_device.json").write_text(json.dumps(result, indent=1))
+    name = "kv_headroom_device.json" if args.tp == 1 else f"kv_headroom_device-tp{args.tp}.json"
+    (args.out / name).write_text(json.dumps(result, indent=1))
     bad = [r for r in rows if not (r["torch_peak"] <= r["estimate"] <= 1.25 * r["torch_peak"])]
     within = len(rows) - len(bad)
     print(f"{within}/{len(rows)} shapes within measured <= estimate <= 1.25 x measured")
