@@ -84,13 +84,19 @@ def test_triton_path_peaks_at_the_random_sample():
     assert burst.peak < sort.peak
 
 
-def test_estimate_covers_every_shape_measured_on_the_h200():
-    """Recorded H200 run (docs/data/kv-headroom-h200.json): vLLM's own Sampler, both
-    top-k/top-p paths, fp16/bf16, V in {32000, 151936, 248320}, B in {1..1024}."""
-    recorded = json.loads((DOCS_DATA / "kv-headroom-h200.json").read_text())
-    assert len(recorded["rows"]) == 60
+@pytest.mark.parametrize(
+    ("recording", "tp", "shapes"),
+    [("kv-headroom-h200.json", 1, 60), ("kv-headroom-h200-tp2.json", 2, 20),
+     ("kv-headroom-h200-tp4.json", 4, 20), ("kv-headroom-h200-tp8.json", 8, 20)],
+)  # fmt: skip
+def test_estimate_covers_every_shape_measured_on_the_h200(recording, tp, shapes):
+    """Recorded H200 runs (docs/data/): vLLM's own Sampler, both top-k/top-p paths; TP 1:
+    fp16/bf16, V in {32000, 151936, 248320}; TP 2/4/8 (one rank, its shard gathered by vLLM's
+    DeviceCommunicatorBase.all_gather): bf16, V in {151936, 248320}; B in {1..1024}."""
+    recorded = json.loads((DOCS_DATA / recording).read_text())
+    assert recorded.get("tp", 1) == tp and len(recorded["rows"]) == shapes
     for row in recorded["rows"]:
-        shape = BurstShape(row["batch"], row["vocab"], 2, 1, recorded["hidden"], row["path"])
+        shape = BurstShape(row["batch"], row["vocab"], 2, tp, recorded["hidden"], row["path"])
         estimate = estimate_sampler_burst(shape).peak
         assert row["torch_peak"] <= estimate <= 1.25 * row["torch_peak"], row
 
