@@ -153,3 +153,14 @@ def test_a_vllm_without_the_vocabulary_layers_is_skipped_with_a_reason(monkeypat
     result = release_unused_vocab_copies(model, engine())
     assert not result.released and "no vocab_parallel_embedding" in result.kept[0]
     assert model.lm_head.weight.numel() > 0
+
+
+def test_a_model_class_without_readable_source_keeps_the_head_weight():
+    from helpers.vocab_models import CausalLM, process
+
+    generated = type("Generated", (CausalLM,), {"__module__": "made_at_runtime"})
+    model = process(generated())
+    result = release_unused_vocab_copies(model, engine())
+    assert model.lm_head.weight.numel() > 0
+    assert result.kept == ["lm_head.weight: the model's source cannot be read to rule out "
+                           "lm_head.weight readers"]  # fmt: skip

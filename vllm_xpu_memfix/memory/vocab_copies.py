@@ -93,13 +93,13 @@ def reasons_to_keep_lm_head_weight(model: Any, vllm_config: Any) -> list[str]:
         reasons.append(f"head_dtype {head_dtype} projects with lm_head.weight")
     source_module = inspect.getmodule(type(model))
     try:
-        source = inspect.getsource(source_module) if source_module is not None else ""
+        source = inspect.getsource(source_module) if source_module is not None else None
     except (OSError, TypeError):
         source = None
-    if source is None:
+    if source is None or source_module is None:
         reasons.append("the model's source cannot be read to rule out lm_head.weight readers")
     elif "lm_head.weight" in source:
-        reasons.append(f"{source_module.__name__} mentions lm_head.weight")  # type: ignore[union-attr]
+        reasons.append(f"{source_module.__name__} mentions lm_head.weight")
     return reasons
 
 
