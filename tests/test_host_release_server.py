@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,8 @@ def resident_bytes(model: Path) -> int:
 
 
 def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env: str) -> dict:
-    ledger = tmp_path / f"ledger-{case}-{release}"
+    # A fresh directory per server: two runs of one case must not share ledgers.
+    ledger = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"ledger-{case}-{release}-"))
     server = serve(model, env={
         "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
         "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
