@@ -116,6 +116,14 @@ def measure(model: Path, case: str, arm: str, workdir: Path) -> dict[str, float]
     }
 
 
+def given_or_made_model(model: Path | None, workdir: Path) -> Path:
+    """``model`` if given, else the ~1 B-parameter test model made under ``workdir``."""
+    if model is not None:
+        return model
+    print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
+    return make_model(workdir / "model", ONE_B)
+
+
 def report(
     model: Path, rounds: int, workdir: Path, progress=print, cases=DEFAULT_CASES
 ) -> list[str]:
@@ -180,10 +188,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     workdir = Path(tempfile.mkdtemp(prefix="host-release-"))
-    model = args.model
-    if model is None:
-        print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
-        model = make_model(workdir / "model", ONE_B)
+    model = given_or_made_model(args.model, workdir)
     lines = report(model, args.rounds, workdir, lambda m: print(m, file=sys.stderr), cases)
     command = " ".join(["benchmarks/host_release.py", *sys.argv[1:]])
     table = "\n".join([*lines[:2], f"Command: `.venv/bin/python {command}`", "", *lines[2:]])

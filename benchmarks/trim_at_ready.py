@@ -3,9 +3,10 @@
 Serves the ~1 B-parameter test model with host_release on and off. A
 ``sitecustomize`` put on the servers' PYTHONPATH installs a handler for a
 real-time signal in every vLLM process; at ready (after one request) the script
-signals them, and each one writes its RssAnon before and after ``gc.collect()``
-and ``malloc_trim(0)``. A near-zero figure with the fix on means no freed memory
-is left in the allocator for anyone to return. glibc only.
+signals them, and each one writes its RssAnon before and after the plugin's own
+release (``gc.collect()``, ``empty_cache()``, ``malloc_trim(0)`` or the preloaded
+allocator's equivalent). A near-zero figure with the fix on means no freed
+memory is left in the allocator for anyone to return.
 
     .venv/bin/python benchmarks/trim_at_ready.py [--model DIR]
 """
@@ -22,28 +23,30 @@ import textwrap
 import time
 from pathlib import Path
 
+import host_release
 import report_table
 
 from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
 
 PROBE_SIGNAL = signal.SIGRTMIN + 6
+MiB = 1024**2
+# Runs in every server process. It measures and releases with the plugin's own code, the same
+# calls host_release makes (gc, empty_cache, the detected allocator's release).
 SITECUSTOMIZE = textwrap.dedent(
     f"""
-    import ctypes, gc, os, signal
-
-    def _rss_anon_kib():
-        with open("/proc/self/status") as status:
-            return next(int(l.split()[1]) for l in status if l.startswith("RssAnon"))
+    import os, signal
 
     def _probe(signum, frame):
-        before = _rss_anon_kib()
-        gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        from vllm_xpu_memfix.memory import allocator
+        from vllm_xpu_memfix.memory.snapshot import take_self
+
+        before = take_self(pss=False).rss_anon
+        allocator.release_free_memory()
+        after = take_self(pss=False).rss_anon
         with open("/proc/self/comm") as comm:
             name = comm.read().strip()
         with open(os.path.join(os.environ["TRIM_PROBE_DIR"], f"{{os.getpid()}}.txt"), "w") as out:
-            out.write(f"{{name}} {{before}} {{_rss_anon_kib()}}\\n")
+            out.write(f"{{name}} {{before}} {{after}}\\n")
 
     if os.environ.get("TRIM_PROBE_DIR"):
         open(os.path.join(os.environ["TRIM_PROBE_DIR"], f"{{os.getpid()}}.pid"), "w").close()
@@ -75,7 +78,7 @@ def probe(model: Path, release: str, workdir: Path) -> tuple[float, float]:
             workers = [row for row in rows if row and "Worker" in row[0]]
             if workers:
                 _, before, after = workers[0]
-                return int(before) / 1024, int(after) / 1024
+                return int(before) / MiB, int(after) / MiB
             time.sleep(0.5)
     raise RuntimeError(f"the worker did not answer the probe; see {results / 'server.log'}")
 
@@ -85,10 +88,7 @@ def main() -> int:
     parser.add_argument("--model", type=Path, help="a model directory (default: make one)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="trim-at-ready-"))
-    model = args.model
-    if model is None:
-        print(f"making the ~1 B-parameter model in {workdir} ...", file=sys.stderr, flush=True)
-        model = make_model(workdir / "model", ONE_B)
+    model = host_release.given_or_made_model(args.model, workdir)
     rows = []
     for release in ("on", "off"):
         before, after = probe(model, release, workdir)
