@@ -19,8 +19,8 @@ from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, read_checkpoint
 from vllm_xpu_memfix.memory.snapshot import ProcReader
+from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, GiB
 
-GiB = 1024**3
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
 # call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
 BASELINE_PER_RANK = 3.5 * GiB
@@ -28,7 +28,6 @@ BASELINE_PER_RANK = 3.5 * GiB
 ON_THE_FLY_QUANT = {"sym_int4", "fp8", "int4", "woq_int4"}
 # sym_int4 staging per parameter of the layer in flight: the host bf16 copy (2),
 # its fp32 upcast (4), packed int4 (0.5) and fp16 scales per 128 (2/128).
-STAGING_BYTES_PER_PARAM = 2 + 4 + 0.5 + 2 / 128
 # Device bytes per parameter of a sym_int4 linear weight: 4 bits plus an fp16 scale per 128.
 SYM_INT4_BYTES_PER_PARAM = 0.5 + 2 / 128
 AT_RISK_SHARE = 0.85

@@ -23,8 +23,8 @@ import psutil
 
 from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader
 from vllm_xpu_memfix.memory.tree import role_of
+from vllm_xpu_memfix.units import MiB
 
-MiB = 1024**2
 COLUMNS = (
     "ts", "t", "pid", "label", "role", "rss", "rss_anon", "rss_file", "rss_shmem", "pss",
     "anon_pss",

@@ -8,7 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-GiB = 1024**3
+from vllm_xpu_memfix.units import GiB
+
 WIDTH_IN, HEIGHT_IN, DPI = 12, 6.5, 100
 
 

@@ -16,18 +16,18 @@ VOCAB, HIDDEN = 4096, 512
 
 
 class Body(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(VOCAB, HIDDEN, params_dtype=torch.bfloat16)
+        self.embed_tokens = VocabParallelEmbedding(VOCAB, HIDDEN, params_dtype=dtype)
 
 
 class CausalLM(torch.nn.Module):
     """The Qwen3/Llama layout: model.embed_tokens and a ParallelLMHead, tied or not."""
 
-    def __init__(self, tied: bool = False) -> None:
+    def __init__(self, tied: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
-        self.model = Body()
-        self.lm_head = ParallelLMHead(VOCAB, HIDDEN, params_dtype=torch.bfloat16)
+        self.model = Body(dtype)
+        self.lm_head = ParallelLMHead(VOCAB, HIDDEN, params_dtype=dtype)
         if tied:
             self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
 
@@ -35,9 +35,9 @@ class CausalLM(torch.nn.Module):
 class EmbeddingAsHead(torch.nn.Module):
     """Tied by reusing the embedding module as the head (no ParallelLMHead at all)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
-        self.model = Body()
+        self.model = Body(dtype)
         self.lm_head = self.model.embed_tokens
 
 

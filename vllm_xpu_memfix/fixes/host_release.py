@@ -45,18 +45,19 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, MiB
+
+if TYPE_CHECKING:  # imported where used: registration must stay cheap
+    from vllm_xpu_memfix.memory.vocab_copies import VocabRelease
 
 logger = get_logger("host_release")
 
 KEY = "host_release"
-MiB = 1024**2
-# Host bytes staged per parameter of a sym_int4 layer: bf16 copy, fp32 upcast, int4, scales.
-STAGING_BYTES_PER_PARAM = 2 + 4 + 0.5 + 2 / 128
 
 _settings: Settings | None = None
 _staged_since_trim = 0.0
@@ -86,6 +87,12 @@ def drop_page_cache(directory: Path) -> int:
     return advised
 
 
+def _vocab_part(vocab: VocabRelease) -> str:
+    if vocab.released:
+        return f"unused vocab copies released {len(vocab.released)} ({vocab.nbytes / MiB:,.0f} MiB)"
+    return f"no unused vocab copies: {vocab.nothing_packed}"
+
+
 def release_after_load(instance: Any, settings: Settings) -> str:
     """Do the release for one worker; returns the log line."""
     from vllm_xpu_memfix.memory import allocator, audit
@@ -110,11 +117,7 @@ def release_after_load(instance: Any, settings: Settings) -> str:
     parts = [
         f"RssAnon {before / MiB:,.0f} -> {after / MiB:,.0f} MiB ({(after - before) / MiB:+,.0f})",
         f"attributes released {len(released)} ({attr_bytes / MiB:,.0f} MiB)",
-        *(
-            [f"unused vocab copies released {len(vocab.released)} ({vocab.nbytes / MiB:,.0f} MiB)"]
-            if vocab.released
-            else []
-        ),
+        *([_vocab_part(vocab)] if vocab.released or vocab.nothing_packed else []),
         f"{freed.allocator} release {'done' if freed.released else 'unavailable'}",
         f"gc {freed.gc_s:.2f} s, trim {freed.trim_s * 1e3:.0f} ms",
     ]

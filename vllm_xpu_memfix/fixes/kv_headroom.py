@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.units import GiB, MiB
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
     from vllm_xpu_memfix.memory.estimate import BurstEstimate, BurstShape, TopKTopP
@@ -59,8 +60,6 @@ logger = get_logger("kv_headroom")
 
 KEY = "kv_headroom"
 SWITCH = "VLLM_XPU_MEMFIX_KV_HEADROOM"
-MiB = 1024**2
-GiB = 1024**3
 
 _settings: Settings | None = None
 _SIZING = "_xpu_memfix_sizing_kv"

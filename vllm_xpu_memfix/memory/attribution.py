@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.units import MiB
 
-MiB = 1024**2
 # Growth below this is treated as noise on a busy host.
 SIGNIFICANT = 128 * MiB
 

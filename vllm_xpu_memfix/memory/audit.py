@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MiB = 1024**2
+from vllm_xpu_memfix.units import MiB
 
 
 @dataclass(frozen=True)

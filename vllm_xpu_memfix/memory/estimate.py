@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MiB = 1024**2
+from vllm_xpu_memfix.units import MiB
+
 ALLOCATOR_BLOCK = 512
 # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 DEFAULT_VOCAB_PADDING = 64

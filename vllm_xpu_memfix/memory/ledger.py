@@ -14,6 +14,7 @@ from typing import Any
 from vllm_xpu_memfix.memory import snapshot
 from vllm_xpu_memfix.memory.attribution import Attribution, attribute
 from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.units import MiB
 
 PHASES = (
     "process start",
@@ -27,7 +28,6 @@ PHASES = (
 # PSS (the process's and the vLLM tree's) is read only at the ends of start-up: the
 # kernel walks every mapped page for it, tens of ms per phase on a large worker.
 PSS_PHASES = frozenset({PHASES[0], PHASES[-1]})
-MiB = 1024**2
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class VocabCopy:
 class VocabRelease:
     released: list[VocabCopy] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # "<name>: <why it stays>"
+    # Why there was nothing to look at, when no vocabulary layer holds a packed copy.
+    nothing_packed: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -103,6 +105,16 @@ def reasons_to_keep_lm_head_weight(model: Any, vllm_config: Any) -> list[str]:
     return reasons
 
 
+def _why_nothing_is_packed(layers: list[tuple[str, Any]]) -> str:
+    if not layers:
+        return "the model has no vocabulary layers"
+    if not any(hasattr(module, "cpu_linear") for _, module in layers):
+        return "no CPU GEMM dispatch (not vLLM's CPU backend), so nothing is prepacked"
+    # vLLM falls back to F.linear on the kept weight where oneDNN has no matmul for the
+    # dtype on this CPU, e.g. bf16 without AVX-512 (model_executor/layers/utils.py, 0.32).
+    return "vLLM's CPU GEMM kept no packed copy of them (torch linear on the weight on this CPU)"
+
+
 def release_unused_vocab_copies(model: Any, vllm_config: Any) -> VocabRelease:
     """Drop the dead copies described in the module docstring; returns what went and what stayed."""
     import torch
@@ -116,12 +128,14 @@ def release_unused_vocab_copies(model: Any, vllm_config: Any) -> VocabRelease:
     except ImportError as exc:
         result.kept.append(f"all: this vLLM has no vocab_parallel_embedding layers ({exc})")
         return result
-    vocab: list[tuple[str, Any]] = [
+    layers: list[tuple[str, Any]] = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, VocabParallelEmbedding) and holds_packed_copy(module)
+        if isinstance(module, VocabParallelEmbedding)
     ]
+    vocab = [(name, module) for name, module in layers if holds_packed_copy(module)]
     if not vocab:
+        result.nothing_packed = _why_nothing_is_packed(layers)
         return result
     names_per_module = Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
     has_lm_head = any(isinstance(m, ParallelLMHead) for m in model.modules())
