@@ -99,7 +99,7 @@ def matrix(trees: dict[str, Path]) -> str:
         "|---|---|" + "---|" * len(columns),
     ]
     for fix in config.FIXES:
-        patches = fixes.MODULES[fix.key].PATCHES
+        patches = fixes.module_of(fix).patches(config.load({}))
         per_version = {
             name: [(p.module, compat.target_status(root, p.target, p.params)) for p in patches]
             for name, root in trees.items()

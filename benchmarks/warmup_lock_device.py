@@ -70,9 +70,8 @@ if os.environ.get("LOCK") == "on":
     import vllm_xpu_memfix
     from vllm_xpu_memfix import config
     from vllm_xpu_memfix.fixes import warmup_lock
-    warmup_lock.activate(config.load())
     inner = warmup
-    wrapper = warmup_lock._serialised("qwen_triton_warmup")
+    wrapper = warmup_lock._serialised("qwen_triton_warmup", config.load())
     warmup = lambda r, m: wrapper(inner, None, (r, m), {})
     via = "plugin wrapper"
 print("ready", via, flush=True)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix import compat, fixes
+from vllm_xpu_memfix import compat, config, fixes
 from vllm_xpu_memfix.cli import main
 
 
@@ -83,7 +83,7 @@ def test_check_prints_each_fix_with_switch_and_status(vllm_root, capsys, clean_e
     out = capsys.readouterr().out
     assert "VLLM_XPU_MEMFIX_LEDGER" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("ledger ")]
-    assert len(rows) == len(fixes.MODULES["ledger"].PATCHES)
+    assert len(rows) == len(fixes.ledger.patches(config.load({})))
     assert [
         "ledger",
         "VLLM_XPU_MEMFIX_LEDGER",

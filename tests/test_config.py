@@ -10,21 +10,21 @@ def test_defaults_enable_every_fix_in_auto_mode():
     assert {key: mode for key, mode in settings.modes.items()} == {
         f.key: Mode.AUTO for f in config.FIXES
     }
-    assert all(settings.requested(f.key) for f in config.FIXES)
+    assert all(settings.requested(f) for f in config.FIXES)
 
 
 @pytest.mark.parametrize("value", ["0", "off", "False", " no "])
 def test_master_switch_off(value):
     settings = config.load({"VLLM_XPU_MEMFIX": value})
     assert not settings.enabled
-    assert not any(settings.requested(f.key) for f in config.FIXES)
+    assert not any(settings.requested(f) for f in config.FIXES)
 
 
 def test_fix_switch_values_are_case_insensitive():
     settings = config.load({"VLLM_XPU_MEMFIX_LEDGER": "OFF"})
-    assert settings.mode("ledger") is Mode.OFF
-    assert not settings.requested("ledger")
-    assert config.load({"VLLM_XPU_MEMFIX_LEDGER": "On"}).mode("ledger") is Mode.ON
+    assert settings.mode(config.LEDGER) is Mode.OFF
+    assert not settings.requested(config.LEDGER)
+    assert config.load({"VLLM_XPU_MEMFIX_LEDGER": "On"}).mode(config.LEDGER) is Mode.ON
 
 
 def test_invalid_fix_value_names_variable_value_and_accepted_values():
@@ -41,8 +41,26 @@ def test_invalid_master_value_is_refused():
         config.load({"VLLM_XPU_MEMFIX": "2"})
 
 
-def test_variable_table_covers_master_and_every_fix():
-    names = [v.name for v in config.VARIABLES]
-    assert names[0] == "VLLM_XPU_MEMFIX"
-    assert {f.env for f in config.FIXES} <= set(names)
-    assert len(names) == len(set(names))
+def test_every_settings_field_is_read_from_exactly_one_variable():
+    """Settings has no defaults of its own: each field comes from one row's parser."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config.Settings)}
+    rows = [v.field for v in config.VARIABLES if v.field != "modes"]
+    assert len(rows) == len(set(rows))
+    assert fields == {*rows, "modes"}
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(config.Settings))
+
+
+def test_each_default_parses_to_the_value_an_empty_environment_gives():
+    defaults = config.load({})
+    for variable in config.PARAMETERS:
+        value = variable.parse(variable, variable.default, {})
+        assert getattr(defaults, variable.field) == value, variable.name
+        assert getattr(config.load({variable.name: variable.default}), variable.field) == value
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "soon"])
+def test_non_finite_or_non_positive_timeouts_are_refused(value):
+    with pytest.raises(ConfigError, match="VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S"):
+        config.load({"VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": value})

@@ -75,14 +75,11 @@ def install(monkeypatch):
 
     def make(module: types.ModuleType) -> types.ModuleType:
         monkeypatch.setitem(sys.modules, device_quant.MODULE, module)
-        device_quant.activate(config.load({}))
-        for patch in device_quant.PATCHES:
-            patcher.install(patch)
+        device_quant.install(patcher, config.load({}))
         return module
 
     yield make
     patcher.revert_all()
-    device_quant.verdict.cache_clear()
 
 
 def layers(count: int = 3) -> list[torch.nn.Linear]:
@@ -153,5 +150,24 @@ def test_no_device_keeps_the_host_path(install, monkeypatch, caplog):
 def test_switch_off_installs_nothing():
     from vllm_xpu_memfix import fixes
 
-    settings = config.load({"VLLM_XPU_MEMFIX_DEVICE_QUANT": "off"})
-    assert not [p for p in fixes.patches_for(settings) if p.fix == "device_quant"]
+    patcher = Patcher()
+    fixes.install_requested(patcher, config.load({"VLLM_XPU_MEMFIX_DEVICE_QUANT": "off"}))
+    try:
+        assert not [key for key in patcher.states() if key[0] == "device_quant"]
+        assert [key for key in patcher.states() if key[0] == "host_release"]
+    finally:
+        patcher.revert_all()
+
+
+def test_the_users_opt_out_keeps_the_host_path(install, monkeypatch, caplog):
+    """VLLM_INT4_DISABLE_XPU_QUANT=1 is the 0.14 module's own switch: the plugin must not
+    turn the device path back on behind it."""
+    monkeypatch.setenv("VLLM_INT4_DISABLE_XPU_QUANT", "1")
+    module = install(stand_in_module())
+    model = layers(2)
+    with caplog.at_level(logging.INFO):
+        for layer in model:
+            module._quantize_linear_int4_inplace(layer)
+    assert module.library_calls == 2  # the host path for each layer, and no self-check
+    lines = [r.getMessage() for r in caplog.records if "sym_int4" in r.getMessage()]
+    assert len(lines) == 1 and "VLLM_INT4_DISABLE_XPU_QUANT is set" in lines[0]

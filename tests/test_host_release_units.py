@@ -123,11 +123,10 @@ def test_sym_int4_layers_trigger_a_trim_every_n_mib_of_staging(monkeypatch):
     monkeypatch.setitem(sys.modules, name, stand_in)
     trims = []
     monkeypatch.setattr(allocator, "trim", lambda: trims.append(len(quantized)) or True)
-    monkeypatch.setattr(host_release, "_staged_since_trim", 0.0)
-    host_release.activate(config.load({"VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB": "64"}))
+    settings = config.load({"VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB": "64"})
     patcher = Patcher()
     try:
-        for patch in host_release.PATCHES:
+        for patch in host_release.patches(settings):
             if patch.module == name:
                 patcher.install(patch)
         # 4096 x 1024 params stage ~26 MiB each (6.5 bytes per parameter): a trim every 3rd layer.
@@ -137,6 +136,5 @@ def test_sym_int4_layers_trigger_a_trim_every_n_mib_of_staging(monkeypatch):
             assert layer.weight is None
     finally:
         patcher.revert_all()
-        host_release.activate(None)  # type: ignore[arg-type]
     assert len(quantized) == 7
     assert trims == [3, 6]

@@ -192,11 +192,13 @@ def worker_with(vllm_config_703, monkeypatch):
         return self.stub_bytes
 
     monkeypatch.setattr(Worker, "determine_available_memory", stub_profile)
-    patcher = Patcher()
-    patcher.install(kv_headroom.PATCHES[0])
+    patchers: list[Patcher] = []
 
     def make(env: dict[str, str], stub_bytes: int = STUB_BYTES, kv_bytes: int | None = None):
-        kv_headroom.activate(config.load(env))
+        for earlier in patchers:
+            earlier.revert_all()
+        patchers.append(Patcher())
+        patchers[-1].install(kv_headroom.patches(config.load(env))[0])
         worker = object.__new__(Worker)
         worker.vllm_config = vllm_config_703
         worker.cache_config = SimpleNamespace(kv_cache_memory_bytes=kv_bytes)
@@ -205,8 +207,8 @@ def worker_with(vllm_config_703, monkeypatch):
         return worker
 
     yield make
-    kv_headroom.activate(None)  # type: ignore[arg-type]
-    patcher.revert_all()
+    for patcher in reversed(patchers):
+        patcher.revert_all()
 
 
 def _records(caplog, level: int) -> list[str]:
@@ -298,7 +300,6 @@ def test_recorded_703_oom_is_recognised_with_its_size():
 
 def test_oom_in_warm_up_logs_the_kv_size_that_fits_and_reraises(vllm_config_703, caplog):
     torch = pytest.importorskip("torch")
-    kv_headroom.activate(config.load({}))
     worker = SimpleNamespace(
         vllm_config=vllm_config_703,
         cache_config=SimpleNamespace(kv_cache_memory_bytes=None),
@@ -308,11 +309,8 @@ def test_oom_in_warm_up_logs_the_kv_size_that_fits_and_reraises(vllm_config_703,
     def warm_up():
         raise torch.OutOfMemoryError(OOM_703)
 
-    try:
-        with caplog.at_level(logging.ERROR), pytest.raises(torch.OutOfMemoryError):
-            kv_headroom._hint_on_oom(warm_up, worker, (), {})
-    finally:
-        kv_headroom.activate(None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR), pytest.raises(torch.OutOfMemoryError):
+        kv_headroom.hint_on_oom(config.load({}), warm_up, worker, (), {})
     hint = next(m for m in _records(caplog, logging.ERROR) if "--kv-cache-memory-bytes=" in m)
     suggested = int(re.search(r"--kv-cache-memory-bytes=(\d+)", hint).group(1))
     expected = int(20.62 * GiB) - 122 * MiB - (256 * VOCAB_703 * 2 + 256 * MiB)
@@ -321,16 +319,11 @@ def test_oom_in_warm_up_logs_the_kv_size_that_fits_and_reraises(vllm_config_703,
 
 
 def test_other_errors_pass_through_without_a_hint(caplog):
-    kv_headroom.activate(config.load({}))
-    try:
+    def fails():
+        raise ValueError("not memory")
 
-        def fails():
-            raise ValueError("not memory")
-
-        with caplog.at_level(logging.ERROR), pytest.raises(ValueError):
-            kv_headroom._hint_on_oom(fails, SimpleNamespace(), (), {})
-    finally:
-        kv_headroom.activate(None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR), pytest.raises(ValueError):
+        kv_headroom.hint_on_oom(config.load({}), fails, SimpleNamespace(), (), {})
     assert not _records(caplog, logging.ERROR)
 
 

@@ -142,3 +142,38 @@ def test_once_patch_runs_for_the_first_call_only(fake_module):
     assert obj.load(2) == ("base", 2)
     assert calls == [(1,)]
     assert "load" in vars(module.Base) and not hasattr(vars(module.Base)["load"], "_self_patch_key")
+
+
+def test_once_patch_stays_inert_when_a_foreign_wrapper_blocks_its_revert(fake_module):
+    """Another library wraps the target from outside after us: revert must refuse, and the
+    once-hook must still fire only once (the ledger's table would otherwise print per batch)."""
+    import wrapt
+
+    module = importlib.import_module(fake_module)
+    calls = []
+    patcher = Patcher()
+
+    def count(wrapped, _instance, args, kwargs):
+        calls.append(1)
+        return wrapped(*args, **kwargs)
+
+    patch = Patch("demo", f"{fake_module}:Base.load", count, once=True)
+    patcher.install(patch)
+    wrapt.wrap_function_wrapper(module, "Base.load", lambda w, i, a, k: w(*a, **k))
+    for x in range(3):
+        assert module.Base().load(x) == ("base", x)
+    assert calls == [1]
+    assert patcher.state(patch.key) == (
+        State.APPLIED,
+        "not reverted: wrapped again by another patch",
+    )
+
+
+def test_reverting_before_the_import_cancels_the_patch(fake_module):
+    patcher = Patcher()
+    patch = Patch("demo", f"{fake_module}:helper", tagging("wrapped"))
+    patcher.install(patch)
+    patcher.revert_all()
+    module = importlib.import_module(fake_module)
+    assert module.helper(1) == 2, "a reverted patch must not apply when its module is imported"
+    assert patcher.state(patch.key)[0] is State.REVERTED

@@ -102,9 +102,8 @@ def test_time_out_proceeds_without_the_lock_and_names_the_holder(tmp_path, caplo
         settings = config.load(
             {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), "VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": "2"}
         )
-        warmup_lock.activate(settings)
         ran = []
-        wrapper = warmup_lock._serialised("qwen_triton_warmup")
+        wrapper = warmup_lock._serialised("qwen_triton_warmup", settings)
         started = time.monotonic()
         wrapper(lambda: ran.append(True), None, (), {})
         waited = time.monotonic() - started
@@ -113,7 +112,6 @@ def test_time_out_proceeds_without_the_lock_and_names_the_holder(tmp_path, caplo
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert any(f"pid {holder.pid}" in w and "gave up after 2." in w for w in warnings), warnings
     finally:
-        warmup_lock.activate(None)  # type: ignore[arg-type]
         holder.kill()
         holder.wait()
 
@@ -187,7 +185,7 @@ def test_only_allow_listed_process_local_warmups_are_wrapped():
     where kernel_warmup may already have run collectives (after `if process_local_only`)."""
     from vllm_xpu_memfix import compat
 
-    for patch in warmup_lock.PATCHES:
+    for patch in warmup_lock.patches(config.load({})):
         module, _, name = patch.target.partition(":")
         assert module == warmup_lock.MODULE and name in warmup_lock.ALLOWED, patch.target
     root = compat.installed_vllm_root()
@@ -230,12 +228,10 @@ def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatc
                 "VLLM_XPU_MEMFIX_WARMUP_LOCK": mode,
             }
         )
-        warmup_lock.activate(settings)
         started = time.monotonic()
-        warmup_lock._serialised("qwen_triton_warmup")(lambda: None, None, (), {})
+        warmup_lock._serialised("qwen_triton_warmup", settings)(lambda: None, None, (), {})
         assert (time.monotonic() - started >= 1.5) is waits
     finally:
-        warmup_lock.activate(None)  # type: ignore[arg-type]
         holder.kill()
         holder.wait()
 

@@ -1,7 +1,13 @@
 """vllm-xpu-memfix: keeps vLLM start-up on Intel GPUs inside host and device memory.
 
 vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in
-every process it starts. It must stay cheap: no torch or vLLM import here.
+every process it starts. It must stay cheap.
+
+The one boundary in this package: everything :func:`register` reaches at import
+time (``config``, ``patching``, ``log``, ``process``, ``units``, ``fixes``) imports
+neither torch, vLLM nor psutil. Fix support (``driver``, ``host_lock``,
+``memory``, ``kernels``) is imported inside the wrappers, when a fix acts; the
+user tools (``cli``) only by the console script. A test holds the boundary.
 """
 
 from __future__ import annotations
@@ -40,11 +46,9 @@ def register() -> None:
             f"vllm-xpu-memfix {__version__} disabled by {config.MASTER.name}=0 ({where})"
         )
         return
-    for patch in fixes.patches_for(settings):
-        PATCHER.install(patch)
-    fixes.activate(settings)
-    enabled = [f.key for f in config.FIXES if settings.requested(f.key)]
-    disabled = [f.key for f in config.FIXES if not settings.requested(f.key)]
+    fixes.install_requested(PATCHER, settings)
+    enabled = [f.key for f in config.FIXES if settings.requested(f)]
+    disabled = [f.key for f in config.FIXES if not settings.requested(f)]
     _log_once_configured(
         f"vllm-xpu-memfix {__version__} registered ({where}): "
         f"fixes on: {', '.join(enabled) or 'none'}; off: {', '.join(disabled) or 'none'}"

@@ -37,13 +37,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = [("fix", "switch", "value", "target", "status")]
     missing = 0
     for fix in config.FIXES:
-        patches = fixes.MODULES[fix.key].PATCHES
+        patches = fixes.module_of(fix).patches(settings)
         if not patches:
             rows.append(
                 (
                     fix.key,
                     fix.env,
-                    settings.mode(fix.key).value,
+                    settings.mode(fix).value,
                     "(none: acts at registration)",
                     "-",
                 )
@@ -51,7 +51,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for patch in patches:
             status = compat.target_status(root, patch.target, patch.params)
             missing += status != compat.PRESENT and patch.module not in compat.INTEL_IMAGE_MODULES
-            rows.append((fix.key, fix.env, settings.mode(fix.key).value, patch.target, status))
+            rows.append((fix.key, fix.env, settings.mode(fix).value, patch.target, status))
     print(_table(rows))
     return 1 if missing and args.strict else 0
 

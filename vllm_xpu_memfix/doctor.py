@@ -170,7 +170,7 @@ def diagnose(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) ->
         else:
             changes.append(
                 "let the plugin set NEOReadDebugKeys=1 EnableDeferBacking=0 "
-                f"({driver_env.SWITCH}=auto or on), which {saved}"
+                f"({driver_env.FIX.env}=auto or on), which {saved}"
             )
         others = need - causes["driver mirror"]
         if device_bytes and room > others:

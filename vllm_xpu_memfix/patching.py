@@ -54,6 +54,31 @@ class Patch:
         return self.target.partition(":")[2]
 
 
+@dataclass(frozen=True)
+class RemoveWhen:
+    """The upstream change that makes a fix redundant, in a form ``check`` evaluates.
+
+    The change has landed when the source of ``module`` (a vLLM module, or Intel's
+    ``sym_int4``) contains any of ``markers``. An empty ``module`` means the change
+    belongs outside vLLM (e.g. in Intel's driver), where the fix's ``auto`` mode
+    decides at every start instead.
+    """
+
+    change: str
+    module: str = ""
+    markers: tuple[str, ...] = ()
+
+    def evaluate(self, source_of: Callable[[str], str | None]) -> str:
+        """One line for ``check``, given a reader of a module's source (None: no module)."""
+        if not self.module:
+            return "outside vLLM; auto decides at every start"
+        source = source_of(self.module)
+        if source is None:
+            return f"{self.module} absent"
+        found = [marker for marker in self.markers if marker in source]
+        return f"landed ({found[0]!r} in {self.module})" if found else "not yet upstream"
+
+
 class State(str, Enum):
     WAITING = "waiting for import"
     APPLIED = "applied"
@@ -111,6 +136,10 @@ class Patcher:
         self._records[patch.key] = _Record(patch)
         wrapt.register_post_import_hook(lambda _module: self._apply(patch.key), patch.module)
 
+    def install_all(self, patches: tuple[Patch, ...]) -> None:
+        for patch in patches:
+            self.install(patch)
+
     def _apply(self, key: tuple[str, str]) -> None:
         record = self._records.get(key)
         if record is None or record.state is not State.WAITING:
@@ -140,9 +169,20 @@ class Patcher:
         logger.debug("vllm-xpu-memfix: fix %s applied to %s", record.patch.fix, target)
 
     def _once(self, patch: Patch) -> Wrapper:
+        """The wrapper runs on the first call only, whether or not it can be reverted after.
+
+        Revert refuses while a foreign wrapper sits outside ours; the flag keeps the patch
+        inert then, so a once-hook never fires on every call.
+        """
+        fired = False
+
         def run_once(
             wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         ) -> Any:
+            nonlocal fired
+            if fired:
+                return wrapped(*args, **kwargs)
+            fired = True
             try:
                 return patch.wrapper(wrapped, instance, args, kwargs)
             finally:
@@ -151,8 +191,16 @@ class Patcher:
         return run_once
 
     def revert(self, key: tuple[str, str]) -> None:
-        """Put the original back, if this patch's wrapper is still the outermost one."""
+        """Put the original back, if this patch's wrapper is still the outermost one.
+
+        A patch still waiting for its module's import is cancelled instead.
+        """
         record = self._records.get(key)
+        if record is not None and record.state is State.WAITING:
+            # Its module is not imported yet: the post-import hook stays registered with
+            # wrapt, so mark the patch done for it to find.
+            record.state, record.reason = State.REVERTED, "cancelled before its module was imported"
+            return
         if record is None or record.state is not State.APPLIED:
             return
         attribute = record.patch.attr_path.rpartition(".")[2]
@@ -166,9 +214,11 @@ class Patcher:
             setattr(record.parent, attribute, record.original)
         record.state = State.REVERTED
 
-    def revert_all(self) -> None:
+    def revert_all(self, fix: str | None = None) -> None:
+        """Revert every patch, or those of ``fix``, newest first."""
         for key in reversed(list(self._records)):
-            self.revert(key)
+            if fix is None or key[0] == fix:
+                self.revert(key)
 
     def state(self, key: tuple[str, str]) -> tuple[State, str]:
         record = self._records[key]

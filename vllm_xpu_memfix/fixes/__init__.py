@@ -1,11 +1,31 @@
-"""The fixes, one module each. Each module opens with its record:
-Problem / Mechanism / Targets / Switch / Upstream."""
+"""The fixes, one module each, all of one shape.
+
+Each module opens with its record (Problem / Mechanism / Targets / Switch / Upstream /
+Remove when) and defines:
+
+``FIX``
+    its row in ``config`` (key, switch variable, summary, what ``auto`` means);
+``REMOVE_WHEN``
+    the upstream change that makes it redundant, which ``check`` evaluates;
+``patches(settings)``
+    its patches, with the settings closed over by the wrappers; building them has no
+    side effect, so ``check`` and the tests can list them;
+``install(patcher, settings)``
+    installs those patches and does any work the fix needs at registration.
+
+Nothing is kept in module globals: whatever state a fix needs lives in the closures
+that ``install`` creates. :func:`uninstall` reverts a fix's patches.
+
+To add a fix: copy a module, add its ``Fix`` row to ``config.FIXES`` and the module to
+``MODULES`` below.
+"""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from vllm_xpu_memfix.config import FIXES, Settings
+from vllm_xpu_memfix import config
+from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.fixes import (
     device_quant,
     driver_env,
@@ -14,29 +34,36 @@ from vllm_xpu_memfix.fixes import (
     ledger,
     warmup_lock,
 )
-from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.patching import Patch, Patcher
 
-# Patches install in this order; on a shared target the later one is outermost, so the
+# Installed in this order; on a shared target the later one is outermost, so the
 # ledger, last, observes what the other fixes did.
-MODULES: dict[str, ModuleType] = {
-    module.KEY: module
-    for module in (driver_env, warmup_lock, device_quant, host_release, kv_headroom, ledger)
-}
-
-assert set(MODULES) == {fix.key for fix in FIXES}, "config.FIXES and fixes.MODULES disagree"
-
-
-def patches_for(settings: Settings) -> list[Patch]:
-    """The patches of every fix the user has not switched off."""
-    return [p for key, module in MODULES.items() if settings.requested(key) for p in module.PATCHES]
+MODULES: tuple[ModuleType, ...] = (
+    driver_env,
+    warmup_lock,
+    device_quant,
+    host_release,
+    kv_headroom,
+    ledger,
+)
 
 
-def activate(settings: Settings) -> None:
-    """Per-process start of every requested fix that keeps state (e.g. the ledger)."""
-    for key, module in MODULES.items():
-        if settings.requested(key) and hasattr(module, "activate"):
-            module.activate(settings)
+def module_of(fix: config.Fix) -> ModuleType:
+    return next(module for module in MODULES if module.FIX is fix)
 
 
-def all_patches() -> list[Patch]:
-    return [p for module in MODULES.values() for p in module.PATCHES]
+def install_requested(patcher: Patcher, settings: Settings) -> None:
+    """Install every fix the user has not switched off."""
+    for module in MODULES:
+        if settings.requested(module.FIX):
+            module.install(patcher, settings)
+
+
+def uninstall(module: ModuleType, patcher: Patcher) -> None:
+    patcher.revert_all(fix=module.FIX.key)
+
+
+def all_patches(settings: Settings | None = None) -> list[Patch]:
+    """Every fix's patches, built with ``settings`` (default: the defaults)."""
+    settings = settings or config.load({})
+    return [patch for module in MODULES for patch in module.patches(settings)]

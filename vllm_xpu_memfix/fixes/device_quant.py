@@ -15,47 +15,53 @@ Mechanism
     loads (``ggml_quantize_tensor``) and by the kernel on the device, and the
     packed words and scale bits must be identical. If they differ, the library
     or Triton is missing, or there is no XPU/CUDA device, the host path stays
-    and one line says why. Numerics never change silently.
+    and one line says why. Numerics never change silently. The module's own
+    opt-out, ``VLLM_INT4_DISABLE_XPU_QUANT=1``, always wins: the host path stays.
 Targets
     ``vllm.model_executor.layers.quantization.sym_int4:_use_xpu_quant`` and
-    ``:_xpu_q4_0_quantize`` (module globals; Intel's images only).
+    ``vllm.model_executor.layers.quantization.sym_int4:_xpu_q4_0_quantize``
+    (module globals; Intel's images only).
 Switch
     ``VLLM_XPU_MEMFIX_DEVICE_QUANT`` (auto = on; the self-check always runs).
 Upstream
     llm-scaler: call a device Q4_0 kernel from ``_xpu_q4_0_quantize`` and make
     it the default once it matches the C library; see docs/upstream/device-quant.md.
+Remove when
+    ``sym_int4`` ships a portable device quantizer of its own (it mentions ``triton``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
+from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 
 logger = get_logger("device_quant")
 
-KEY = "device_quant"
+FIX = config.DEVICE_QUANT
 MODULE = "vllm.model_executor.layers.quantization.sym_int4"
+REMOVE_WHEN = RemoveWhen(
+    "sym_int4 quantizes on the device with a portable kernel of its own", MODULE, ("triton",)
+)
 CHECK_SHAPE = (64, 512)  # four groups of 128 per row
-
-
-def activate(_settings: Settings) -> None:
-    verdict.cache_clear()
+# The 0.14-based module's own switch for its device path (llm-scaler, vllm-0.14.0-b8.3.2).
+USER_OPT_OUT = "VLLM_INT4_DISABLE_XPU_QUANT"
 
 
 def check_device() -> Any:
     """The accelerator this process quantizes on: XPU, else CUDA, else None."""
     import torch
 
-    for kind in ("xpu", "cuda"):
-        backend = getattr(torch, kind, None)
-        if backend is not None and backend.is_available():
-            return torch.device(kind, backend.current_device())
-    return None
+    from vllm_xpu_memfix.memory.accelerator import accelerator_backend
+
+    found = accelerator_backend(torch)
+    return torch.device(found[0], found[1].current_device()) if found else None
 
 
 def self_check(module: Any, device: Any) -> str | None:
@@ -90,9 +96,8 @@ def self_check(module: Any, device: Any) -> str | None:
     return None
 
 
-@functools.cache
-def verdict() -> tuple[bool, str]:
-    """Whether to quantize on the device in this process, and why; decided and logged once."""
+def _decide_and_log() -> tuple[bool, str]:
+    """Whether to quantize on the device in this process, and why; logged once."""
     use, why = _decide()
     if use:
         logger.info("vllm-xpu-memfix: sym_int4 quantizes on the device (Triton Q4_0): %s", why)
@@ -107,6 +112,8 @@ def _decide() -> tuple[bool, str]:
         return False, f"{MODULE} is not loaded"
     if getattr(module, "_HAS_XPU_Q4_0", False):
         return False, "Intel's ESIMD Q4_0 kernel is installed and already quantizes on the device"
+    if os.environ.get(USER_OPT_OUT, "0").strip().lower() in ("1", "true", "yes", "on"):
+        return False, f"{USER_OPT_OUT} is set: the user chose the host path"
     from vllm_xpu_memfix.kernels import triton_unavailable
 
     device = check_device()
@@ -120,21 +127,31 @@ def _decide() -> tuple[bool, str]:
     return True, f"self-check on {device} matched the library bit for bit"
 
 
-def _use_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-    return bool(wrapped(*args, **kwargs)) or verdict()[0]
+def patches(_settings: Settings) -> tuple[Patch, ...]:
+    use_device = functools.cache(_decide_and_log)  # one decision per installed patch set
+
+    def plugin_kernel() -> bool:
+        # Intel's ESIMD kernel, where installed, stays in charge without a word from us.
+        esimd = getattr(sys.modules.get(MODULE), "_HAS_XPU_Q4_0", False)
+        return not esimd and use_device()[0]
+
+    def _use_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        return True if plugin_kernel() else wrapped(*args, **kwargs)
+
+    def _quantize_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        if not plugin_kernel():
+            return wrapped(*args, **kwargs)
+        from vllm_xpu_memfix.kernels import quantize_q4_0
+
+        weight = args[0] if args else kwargs["bf16_xpu"]
+        module = sys.modules[MODULE]
+        return quantize_q4_0(weight.contiguous(), int(getattr(module, "QK4_GROUP_SIZE", 128)))
+
+    return (
+        Patch(FIX.key, f"{MODULE}:_use_xpu_quant", _use_device),
+        Patch(FIX.key, f"{MODULE}:_xpu_q4_0_quantize", _quantize_on_device, params=("bf16_xpu",)),
+    )
 
 
-def _quantize_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-    module = sys.modules[MODULE]
-    if getattr(module, "_HAS_XPU_Q4_0", False):
-        return wrapped(*args, **kwargs)
-    from vllm_xpu_memfix.kernels import quantize_q4_0
-
-    weight = args[0] if args else kwargs["bf16_xpu"]
-    return quantize_q4_0(weight.contiguous(), int(getattr(module, "QK4_GROUP_SIZE", 128)))
-
-
-PATCHES = (
-    Patch(KEY, f"{MODULE}:_use_xpu_quant", _use_device),
-    Patch(KEY, f"{MODULE}:_xpu_q4_0_quantize", _quantize_on_device, params=("bf16_xpu",)),
-)
+def install(patcher: Patcher, settings: Settings) -> None:
+    patcher.install_all(patches(settings))

@@ -25,6 +25,9 @@ Switch
 Upstream
     Belongs in compute-runtime (#953, #968, #980 are open). Until then, a
     launcher-side default that vLLM's XPU platform could also apply.
+Remove when
+    A compute-runtime release no longer pins the mirror; the fix lies outside
+    vLLM, so ``auto`` re-decides from the installed runtime at every start.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.process import current_role
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
@@ -43,9 +48,8 @@ if TYPE_CHECKING:  # imported where used: registration must stay cheap
 
 logger = get_logger("driver_env")
 
-KEY = "driver_env"
-SWITCH = "VLLM_XPU_MEMFIX_DRIVER_ENV"
-PATCHES = ()
+FIX = config.DRIVER_ENV
+REMOVE_WHEN = RemoveWhen("compute-runtime stops pinning a host mirror of device allocations")
 GUARD_ENV = {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
 EVIDENCE = "vllm #50269, compute-runtime #953 and #968"
 
@@ -64,9 +68,9 @@ def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
     from vllm_xpu_memfix import driver
 
     user_set = {k: environ[k] for k in GUARD_ENV if k in environ}
-    mode = settings.mode(KEY)
+    mode = settings.mode(FIX)
     if mode is Mode.OFF or not settings.enabled:
-        return Decision(False, f"{SWITCH}=off", user_set=user_set)
+        return Decision(False, f"{FIX.env}=off", user_set=user_set)
     gpus = driver.visible_gpus(driver.intel_gpus(settings.sysroot), environ)
     bmg = sum(gpu.is_battlemage for gpu in gpus)
     # Reading dpkg's status file costs ~10 ms; only a host that could be affected pays it.
@@ -77,7 +81,7 @@ def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
         shown = " ".join(f"{k}={v}" for k, v in user_set.items())
         apply, reason = False, f"respecting {shown} already set"
     elif mode is Mode.ON:
-        apply, reason = True, f"{SWITCH}=on"
+        apply, reason = True, f"{FIX.env}=on"
     elif bmg < 2:
         apply, reason = False, f"{bmg} Battlemage GPU(s) visible; the mirror needs 2 or more"
     elif runtime is not None and not runtime.affected:
@@ -92,7 +96,11 @@ def apply(decision: Decision, environ: MutableMapping[str, str]) -> None:
         environ.update(GUARD_ENV)
 
 
-def activate(settings: Settings) -> None:
+def patches(_settings: Settings) -> tuple[Patch, ...]:
+    return ()  # acts on the process environment at registration
+
+
+def install(_patcher: Patcher, settings: Settings) -> None:
     """Decide and set in every process, before any of them starts the driver.
 
     Process 0 sets the variables before EngineCore and the workers are spawned,
@@ -109,8 +117,10 @@ def activate(settings: Settings) -> None:
             "Without them the Intel driver pins a host copy of every device allocation on "
             "multi-GPU Battlemage (%s). Opt out: %s=off",
             "vLLM" if role == "main" else "process, which did not inherit them",
-            decision.reason, EVIDENCE, SWITCH,
-        )  # fmt: skip
+            decision.reason,
+            EVIDENCE,
+            FIX.env,
+        )
     elif role == "worker" and decision.user_set:
         shown = " ".join(f"{k}={v}" for k, v in decision.user_set.items())
         logger.info("vllm-xpu-memfix: driver variables in this worker: %s", shown)

@@ -28,9 +28,9 @@ Mechanism
     left for the user to match.
 Targets
     ``vllm.v1.worker.gpu_worker:Worker.load_model`` (XPUWorker and CPUWorker
-    inherit it); ``vllm.model_executor.layers.quantization.sym_int4:
-    _quantize_linear_int4_inplace`` (Intel's images only; module global called
-    per layer).
+    inherit it);
+    ``vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace``
+    (Intel's images only; module global called per layer).
 Switch
     ``VLLM_XPU_MEMFIX_HOST_RELEASE`` (auto = on); ``_RELEASE_ATTRS``,
     ``_RELEASE_EVERY_MIB``, ``_DROP_PAGE_CACHE``, ``_RELEASE_VOCAB_COPIES``.
@@ -38,6 +38,8 @@ Upstream
     ``malloc_trim`` after ``process_weights_after_loading`` in
     ``BaseModelLoader.load_model``, and ``remove_weight`` chosen per layer
     kind in ``UnquantizedEmbeddingMethod``; see docs/upstream/host-release.md.
+Remove when
+    ``base_loader`` gives freed host memory back itself (it mentions ``malloc_trim``).
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, MiB
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
@@ -57,15 +60,12 @@ if TYPE_CHECKING:  # imported where used: registration must stay cheap
 
 logger = get_logger("host_release")
 
-KEY = "host_release"
-
-_settings: Settings | None = None
-_staged_since_trim = 0.0
-
-
-def activate(settings: Settings) -> None:
-    global _settings
-    _settings = settings
+FIX = config.HOST_RELEASE
+REMOVE_WHEN = RemoveWhen(
+    "BaseModelLoader.load_model gives freed host memory back after processing the weights",
+    "vllm.model_executor.model_loader.base_loader",
+    ("malloc_trim",),
+)
 
 
 def _rss_anon() -> int:
@@ -131,39 +131,51 @@ def release_after_load(instance: Any, settings: Settings) -> str:
     )
 
 
-def _after_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    result = wrapped(*args, **kwargs)
-    if _settings is not None:
+def _after_load_model(settings: Settings) -> Any:
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        result = wrapped(*args, **kwargs)
         try:
-            logger.info("%s", release_after_load(instance, _settings))
+            logger.info("%s", release_after_load(instance, settings))
         except Exception:
             logger.exception("vllm-xpu-memfix: host release failed; vLLM continues")
-    return result
+        return result
+
+    return wrapper
 
 
-def _after_quantized_layer(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-    global _staged_since_trim
-    layer = args[0] if args else kwargs.get("layer")
-    weight = getattr(layer, "weight", None)
-    numel = weight.numel() if weight is not None else 0
-    result = wrapped(*args, **kwargs)
-    every = _settings.release_every_mib if _settings is not None else 0
-    if every:
-        _staged_since_trim += numel * STAGING_BYTES_PER_PARAM
-        if _staged_since_trim >= every * MiB:
-            from vllm_xpu_memfix.memory import allocator
+def _after_quantized_layer(settings: Settings) -> Any:
+    """Trims after every ``release_every_mib`` of per-layer staging, counted in the closure."""
+    staged_since_trim = 0.0
 
-            allocator.trim()  # the staging died with its references; no gc needed here
-            _staged_since_trim = 0.0
-    return result
+    def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        nonlocal staged_since_trim
+        layer = args[0] if args else kwargs.get("layer")
+        weight = getattr(layer, "weight", None)
+        numel = weight.numel() if weight is not None else 0
+        result = wrapped(*args, **kwargs)
+        if settings.release_every_mib:
+            staged_since_trim += numel * STAGING_BYTES_PER_PARAM
+            if staged_since_trim >= settings.release_every_mib * MiB:
+                from vllm_xpu_memfix.memory import allocator
+
+                allocator.trim()  # the staging died with its references; no gc needed here
+                staged_since_trim = 0.0
+        return result
+
+    return wrapper
 
 
-PATCHES = (
-    Patch(KEY, "vllm.v1.worker.gpu_worker:Worker.load_model", _after_load_model),
-    Patch(
-        KEY,
-        "vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace",
-        _after_quantized_layer,
-        params=("layer",),
-    ),
-)
+def patches(settings: Settings) -> tuple[Patch, ...]:
+    return (
+        Patch(FIX.key, "vllm.v1.worker.gpu_worker:Worker.load_model", _after_load_model(settings)),
+        Patch(
+            FIX.key,
+            "vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace",
+            _after_quantized_layer(settings),
+            params=("layer",),
+        ),
+    )
+
+
+def install(patcher: Patcher, settings: Settings) -> None:
+    patcher.install_all(patches(settings))

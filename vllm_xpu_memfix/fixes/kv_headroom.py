@@ -30,7 +30,8 @@ Mechanism
     failed allocation plus the reserve free.
 Targets
     ``vllm.v1.worker.gpu_worker:Worker.determine_available_memory`` and
-    ``Worker.compile_or_warm_up_model`` (XPUWorker inherits both);
+    ``vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model`` (XPUWorker
+    inherits both);
     ``vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory``, which
     overrides it, so that ``on`` can be exercised end to end on the CPU build.
 Switch
@@ -41,16 +42,22 @@ Upstream
     Fold the post-KV burst into ``determine_available_memory`` (or run the
     sampler warm-up before the KV cache is allocated); see
     docs/upstream/kv-headroom.md.
+Remove when
+    ``gpu_worker`` accounts for the post-KV sampler burst before sizing the KV
+    cache (it mentions ``sampler_headroom``, the name the upstream write-up
+    proposes).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any
 
+from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.units import GiB, MiB
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
@@ -58,16 +65,13 @@ if TYPE_CHECKING:  # imported where used: registration must stay cheap
 
 logger = get_logger("kv_headroom")
 
-KEY = "kv_headroom"
-SWITCH = "VLLM_XPU_MEMFIX_KV_HEADROOM"
-
-_settings: Settings | None = None
+FIX = config.KV_HEADROOM
+REMOVE_WHEN = RemoveWhen(
+    "the worker keeps the post-KV sampler burst out of the KV cache itself",
+    "vllm.v1.worker.gpu_worker",
+    ("sampler_headroom",),
+)
 _SIZING = "_xpu_memfix_sizing_kv"
-
-
-def activate(settings: Settings) -> None:
-    global _settings
-    _settings = settings
 
 
 class KVHeadroomError(RuntimeError):
@@ -123,7 +127,7 @@ def burst_shape(vllm_config: Any) -> BurstShape:
     )
 
 
-def plan(vllm_config: Any, settings: Settings) -> Reserve:
+def reserve_for(vllm_config: Any, settings: Settings) -> Reserve:
     from vllm_xpu_memfix.memory.estimate import estimate_sampler_burst
 
     return Reserve(
@@ -135,13 +139,13 @@ def plan(vllm_config: Any, settings: Settings) -> Reserve:
 def reserve_applies(settings: Settings, vllm_config: Any) -> tuple[bool, str]:
     if getattr(vllm_config.model_config, "runner_type", "generate") == "pooling":
         return False, "pooling model: no sampler warm-up"
-    if settings.mode(KEY) is Mode.ON:
-        return True, f"{SWITCH}=on"
+    if settings.mode(FIX) is Mode.ON:
+        return True, f"{FIX.env}=on"
     from vllm.platforms import current_platform
 
     if current_platform.is_xpu():
         return True, "XPU platform"
-    return False, f"platform {type(current_platform).__name__} is not XPU ({SWITCH}=on forces it)"
+    return False, f"platform {type(current_platform).__name__} is not XPU ({FIX.env}=on forces it)"
 
 
 def min_over_ranks(value: int) -> int:
@@ -166,7 +170,7 @@ def _too_big(reserve: Reserve, lowest: int) -> KVHeadroomError:
         f"{shape.padded_vocab:,} tokens {reserve.gathered_logits / MiB:,.0f} MiB + slack "
         f"{reserve.slack / MiB:,.0f} MiB) does not fit in the {lowest / MiB:,.0f} MiB left for "
         f"the KV cache. Lower --max-num-seqs, raise --gpu-memory-utilization, or set "
-        f"--kv-cache-memory-bytes; {SWITCH}=off skips the reserve."
+        f"--kv-cache-memory-bytes; {FIX.env}=off skips the reserve."
     )
 
 
@@ -194,9 +198,11 @@ def _check_user_kv_size(instance: Any, reserve: Reserve, kv_bytes: int) -> None:
         )
 
 
-def _reserve_headroom(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    settings = _settings
-    if settings is None or getattr(instance, _SIZING, False):
+def reserve_headroom(
+    settings: Settings, wrapped: Any, instance: Any, args: Any, kwargs: Any
+) -> Any:
+    """``determine_available_memory`` with the reserve taken out of its result."""
+    if getattr(instance, _SIZING, False):
         return wrapped(*args, **kwargs)
     setattr(instance, _SIZING, True)  # a subclass calling super() must not reserve twice
     try:
@@ -208,7 +214,7 @@ def _reserve_headroom(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         if not applies:
             logger.debug("vllm-xpu-memfix: KV headroom not reserved: %s", why)
             return available
-        reserve = plan(instance.vllm_config, settings)
+        reserve = reserve_for(instance.vllm_config, settings)
     except Exception as exc:
         logger.warning("vllm-xpu-memfix: KV headroom skipped: %s: %s", type(exc).__name__, exc)
         return available
@@ -281,22 +287,33 @@ def oom_hint(instance: Any, reserve: Reserve, tried: int | None) -> str:
     )
 
 
-def _hint_on_oom(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+def hint_on_oom(settings: Settings, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``compile_or_warm_up_model`` that logs the KV size that would fit on a device OOM."""
     try:
         return wrapped(*args, **kwargs)
     except Exception as exc:
         is_oom, tried = device_oom(exc)
-        if is_oom and _settings is not None:
+        if is_oom:
             try:
-                logger.error("%s", oom_hint(instance, plan(instance.vllm_config, _settings), tried))
+                reserve = reserve_for(instance.vllm_config, settings)
+                logger.error("%s", oom_hint(instance, reserve, tried))
             except Exception as hint_exc:
                 logger.warning("vllm-xpu-memfix: no OOM hint: %r", hint_exc)
         raise
 
 
 _GPU = "vllm.v1.worker.gpu_worker:Worker"
-PATCHES = (
-    Patch(KEY, f"{_GPU}.determine_available_memory", _reserve_headroom),
-    Patch(KEY, f"{_GPU}.compile_or_warm_up_model", _hint_on_oom),
-    Patch(KEY, "vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory", _reserve_headroom),
-)
+
+
+def patches(settings: Settings) -> tuple[Patch, ...]:
+    reserve = functools.partial(reserve_headroom, settings)
+    hint = functools.partial(hint_on_oom, settings)
+    return (
+        Patch(FIX.key, f"{_GPU}.determine_available_memory", reserve),
+        Patch(FIX.key, f"{_GPU}.compile_or_warm_up_model", hint),
+        Patch(FIX.key, "vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory", reserve),
+    )
+
+
+def install(patcher: Patcher, settings: Settings) -> None:
+    patcher.install_all(patches(settings))

@@ -16,17 +16,25 @@ Mechanism
     "ready" hook removes itself after the first batch, so nothing stays on the
     per-step path.
 Targets
-    ``base_loader:process_weights_after_loading`` (module global, called by
-    ``BaseModelLoader.load_model``); ``gpu_worker:Worker.__init__``, ``.load_model``,
-    ``.determine_available_memory``, ``.initialize_from_config``,
-    ``.compile_or_warm_up_model``, ``.execute_model`` (XPUWorker inherits all);
-    ``cpu_worker:CPUWorker.determine_available_memory`` and
-    ``.compile_or_warm_up_model``, which the CPU worker overrides.
+    ``vllm.model_executor.model_loader.base_loader:process_weights_after_loading``
+    (module global, called by ``BaseModelLoader.load_model``);
+    ``vllm.v1.worker.gpu_worker:Worker.__init__``,
+    ``vllm.v1.worker.gpu_worker:Worker.load_model``,
+    ``vllm.v1.worker.gpu_worker:Worker.determine_available_memory``,
+    ``vllm.v1.worker.gpu_worker:Worker.initialize_from_config``,
+    ``vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model``,
+    ``vllm.v1.worker.gpu_worker:Worker.execute_model`` (XPUWorker inherits all);
+    ``vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory`` and
+    ``vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model``, which the
+    CPU worker overrides.
 Switch
     ``VLLM_XPU_MEMFIX_LEDGER`` (auto = on); ``VLLM_XPU_MEMFIX_LEDGER_DIR``.
 Upstream
     None yet. vLLM logs device figures per rank ("Model loading took", "Available
     KV cache memory") but no host figures.
+Remove when
+    The worker logs host memory per start-up phase itself (``gpu_worker``
+    mentions ``RssAnon``).
 """
 
 from __future__ import annotations
@@ -35,9 +43,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.process import current_role
 
 if TYPE_CHECKING:
@@ -45,130 +54,131 @@ if TYPE_CHECKING:
 
 logger = get_logger("ledger")
 
-KEY = "ledger"
-_active = False
-_jsonl_dir: Path | None = None
-_ledger: Ledger | None = None
+FIX = config.LEDGER
+REMOVE_WHEN = RemoveWhen(
+    "the worker logs host memory per start-up phase", "vllm.v1.worker.gpu_worker", ("RssAnon",)
+)
+_GPU = "vllm.v1.worker.gpu_worker:Worker"
+_CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
 
 
-def activate(settings: Settings) -> None:
+class Recorder:
+    """This process's ledger, made on first use so that registration imports nothing of it."""
+
+    def __init__(self, jsonl_dir: Path | None) -> None:
+        self.jsonl_dir = jsonl_dir
+        self._ledger: Ledger | None = None
+
+    def current(self) -> Ledger:
+        if self._ledger is None:
+            from vllm_xpu_memfix.memory.ledger import Ledger
+
+            self._ledger = Ledger(str(current_role()), self.jsonl_dir)
+        return self._ledger
+
+    def note_rank(self, instance: Any) -> None:
+        ledger = self.current()
+        rank = getattr(instance, "rank", None)
+        if ledger.rank is None and isinstance(rank, int):
+            ledger.rank = rank
+
+    def record(self, phase: str, instance: Any = None, **extra: Any) -> None:
+        try:
+            ledger = self.current()
+            self.note_rank(instance)
+            ledger.record(phase, **extra)
+            if ledger.write_error:
+                logger.warning(
+                    "vllm-xpu-memfix: ledger: %s; JSON lines disabled", ledger.write_error
+                )
+                ledger.write_error, ledger.jsonl_path = None, None
+        except Exception:
+            # The ledger only observes; it must never break vLLM's start-up.
+            logger.exception("vllm-xpu-memfix: ledger could not record phase %r", phase)
+
+    def report(self) -> None:
+        ledger = self.current()
+        if not ledger.entries:
+            return
+        try:
+            title = f"vllm-xpu-memfix: host-memory ledger, rank {ledger.rank} ({ledger.role}), MiB"
+            logger.info("%s\n%s", title, ledger.table())
+            logger.info("vllm-xpu-memfix: rank %s %s", ledger.rank, ledger.summary_line())
+        except Exception:
+            logger.exception("vllm-xpu-memfix: ledger report failed")
+
+    def patches(self) -> tuple[Patch, ...]:
+        def after_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            result = wrapped(*args, **kwargs)  # builds no model; sets the rank
+            self.record("process start", instance)
+            return result
+
+        def around_weight_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+            self.record("weights loaded")
+            result = wrapped(*args, **kwargs)
+            self.record("weights processed")
+            return result
+
+        def after_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            self.note_rank(instance)
+            start = time.perf_counter()
+            result = wrapped(*args, **kwargs)
+            rank = getattr(instance, "rank", "?")
+            logger.info(
+                "vllm-xpu-memfix: rank %s load_model took %.2f s", rank, time.perf_counter() - start
+            )
+            # Loaders that bypass base_loader still get the phase, at the end of load_model.
+            self.record("weights processed", instance)
+            return result
+
+        def after_kv_sizing(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            available = wrapped(*args, **kwargs)
+            self.record("KV cache sized", instance, kv_cache_bytes=available)
+            return available
+
+        def after(phase: str) -> Any:
+            def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+                result = wrapped(*args, **kwargs)
+                self.record(phase, instance)
+                return result
+
+            return wrapper
+
+        def at_first_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            self.record("ready", instance)
+            self.report()
+            return wrapped(*args, **kwargs)
+
+        key = FIX.key
+        return (
+            Patch(
+                key,
+                "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
+                around_weight_processing,
+            ),
+            Patch(key, f"{_GPU}.__init__", after_worker_init),
+            Patch(key, f"{_GPU}.load_model", after_load_model),
+            Patch(key, f"{_GPU}.determine_available_memory", after_kv_sizing),
+            Patch(key, f"{_CPU}.determine_available_memory", after_kv_sizing),
+            Patch(key, f"{_GPU}.initialize_from_config", after("KV cache allocated")),
+            Patch(key, f"{_GPU}.compile_or_warm_up_model", after("warm-up done")),
+            Patch(key, f"{_CPU}.compile_or_warm_up_model", after("warm-up done")),
+            Patch(key, f"{_GPU}.execute_model", at_first_batch, once=True),
+        )
+
+
+def patches(settings: Settings) -> tuple[Patch, ...]:
+    return Recorder(settings.ledger_dir).patches()
+
+
+def install(patcher: Patcher, settings: Settings) -> None:
     """Arm this process's ledger.
 
     A worker records "process start" when vLLM builds the worker object, so
     ``register()`` stays cheap (it imports nothing of the ledger); other
     processes record it here, and only when their JSON lines are wanted.
     """
-    global _active, _jsonl_dir
-    _active, _jsonl_dir = True, settings.ledger_dir
+    recorder = Recorder(settings.ledger_dir)
+    patcher.install_all(recorder.patches())
     if current_role().role != "worker" and settings.ledger_dir is not None:
-        _record("process start")
-
-
-def current() -> Ledger | None:
-    global _ledger
-    if _ledger is None and _active:
-        from vllm_xpu_memfix.memory.ledger import Ledger
-
-        _ledger = Ledger(str(current_role()), _jsonl_dir)
-    return _ledger
-
-
-def _note_rank(instance: Any) -> None:
-    ledger = current()
-    if ledger is not None and ledger.rank is None:
-        rank = getattr(instance, "rank", None)
-        if isinstance(rank, int):
-            ledger.rank = rank
-
-
-def _record(phase: str, instance: Any = None, **extra: Any) -> None:
-    try:
-        ledger = current()
-        if ledger is None:
-            return
-        _note_rank(instance)
-        ledger.record(phase, **extra)
-        if ledger.write_error:
-            logger.warning("vllm-xpu-memfix: ledger: %s; JSON lines disabled", ledger.write_error)
-            ledger.write_error, ledger.jsonl_path = None, None
-    except Exception:
-        # The ledger only observes; it must never break vLLM's start-up.
-        logger.exception("vllm-xpu-memfix: ledger could not record phase %r", phase)
-
-
-def _after_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    result = wrapped(*args, **kwargs)  # builds no model; sets the rank
-    _record("process start", instance)
-    return result
-
-
-def _around_weight_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-    _record("weights loaded")
-    result = wrapped(*args, **kwargs)
-    _record("weights processed")
-    return result
-
-
-def _after_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    _note_rank(instance)
-    start = time.perf_counter()
-    result = wrapped(*args, **kwargs)
-    rank = getattr(instance, "rank", "?")
-    logger.info(
-        "vllm-xpu-memfix: rank %s load_model took %.2f s", rank, time.perf_counter() - start
-    )
-    # Loaders that bypass base_loader still get the phase, at the end of load_model.
-    _record("weights processed", instance)
-    return result
-
-
-def _after_kv_sizing(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    available = wrapped(*args, **kwargs)
-    _record("KV cache sized", instance, kv_cache_bytes=available)
-    return available
-
-
-def _after(phase: str) -> Any:
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = wrapped(*args, **kwargs)
-        _record(phase, instance)
-        return result
-
-    return wrapper
-
-
-def _at_first_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    _record("ready", instance)
-    _report()
-    return wrapped(*args, **kwargs)
-
-
-def _report() -> None:
-    ledger = current()
-    if ledger is None or not ledger.entries:
-        return
-    try:
-        title = f"vllm-xpu-memfix: host-memory ledger, rank {ledger.rank} ({ledger.role}), MiB"
-        logger.info("%s\n%s", title, ledger.table())
-        logger.info("vllm-xpu-memfix: rank %s %s", ledger.rank, ledger.summary_line())
-    except Exception:
-        logger.exception("vllm-xpu-memfix: ledger report failed")
-
-
-_GPU = "vllm.v1.worker.gpu_worker:Worker"
-_CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
-PATCHES = (
-    Patch(
-        KEY,
-        "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",
-        _around_weight_processing,
-    ),
-    Patch(KEY, f"{_GPU}.__init__", _after_worker_init),
-    Patch(KEY, f"{_GPU}.load_model", _after_load_model),
-    Patch(KEY, f"{_GPU}.determine_available_memory", _after_kv_sizing),
-    Patch(KEY, f"{_CPU}.determine_available_memory", _after_kv_sizing),
-    Patch(KEY, f"{_GPU}.initialize_from_config", _after("KV cache allocated")),
-    Patch(KEY, f"{_GPU}.compile_or_warm_up_model", _after("warm-up done")),
-    Patch(KEY, f"{_CPU}.compile_or_warm_up_model", _after("warm-up done")),
-    Patch(KEY, f"{_GPU}.execute_model", _at_first_batch, once=True),
-)
+        recorder.record("process start")

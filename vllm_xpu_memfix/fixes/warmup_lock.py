@@ -15,8 +15,9 @@ Mechanism
     called in ``kernel_warmup`` before its ``if process_local_only: return``.
 Targets
     ``vllm.model_executor.warmup.kernel_warmup:qwen_triton_warmup``,
-    ``:qwen_vl_triton_warmup``, ``:mamba_triton_warmup`` (module attributes,
-    imported from their own modules, vLLM >= 0.28, PR #47546).
+    ``vllm.model_executor.warmup.kernel_warmup:qwen_vl_triton_warmup``,
+    ``vllm.model_executor.warmup.kernel_warmup:mamba_triton_warmup`` (module
+    attributes, imported from their own modules).
 Switch
     ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto: on, except where the rank compiles into
     its own Triton cache, i.e. vLLM's compiled mode: measured, waiting then saves
@@ -25,6 +26,9 @@ Switch
 Upstream
     A small change to ``kernel_warmup``: hold a node-local lock around the
     process-local JIT section; see docs/upstream/warmup-lock.md.
+Remove when
+    ``kernel_warmup`` takes a node-local file lock itself (it mentions ``FileLock``
+    or ``flock``).
 """
 
 from __future__ import annotations
@@ -35,28 +39,26 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
     from vllm_xpu_memfix.host_lock import Holding, HostSemaphore
 
 logger = get_logger("warmup_lock")
 
-KEY = "warmup_lock"
-SWITCH = "VLLM_XPU_MEMFIX_WARMUP_LOCK"
+FIX = config.WARMUP_LOCK
 _RANK_DIR = re.compile(r"[/\\]rank_\d+_\d+[/\\]")
 MODULE = "vllm.model_executor.warmup.kernel_warmup"
 # Process-local JIT warm-ups only: no collective runs inside any of them.
 ALLOWED = ("qwen_triton_warmup", "qwen_vl_triton_warmup", "mamba_triton_warmup")
-
-_settings: Settings | None = None
-
-
-def activate(settings: Settings) -> None:
-    global _settings
-    _settings = settings
+REMOVE_WHEN = RemoveWhen(
+    "kernel_warmup holds a node-local lock around its process-local JIT section",
+    MODULE,
+    ("FileLock", "flock"),
+)
 
 
 def semaphore(settings: Settings) -> HostSemaphore:
@@ -78,20 +80,19 @@ def per_rank_triton_cache(environ: Mapping[str, str]) -> str | None:
     return cache if _RANK_DIR.search(cache) else None
 
 
-def _serialised(name: str) -> Any:
+def _serialised(name: str, settings: Settings) -> Any:
     def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-        settings = _settings
-        if settings is None:
-            return wrapped(*args, **kwargs)
         own_cache = per_rank_triton_cache(os.environ)
-        if own_cache and settings.mode(KEY) is Mode.AUTO:
+        if own_cache and settings.mode(FIX) is Mode.AUTO:
             # Measured on an H200 (docs/warmup-lock.md): with per-rank caches every rank
             # compiles anyway and keeps what it compiled, so waiting saves no memory.
             logger.info(
                 "vllm-xpu-memfix: warm-up lock not used for %s: this rank compiles into its own "
                 "Triton cache (%s), so waiting saves no host memory (%s=on forces the lock)",
-                name, own_cache, SWITCH,
-            )  # fmt: skip
+                name,
+                own_cache,
+                FIX.env,
+            )
             return wrapped(*args, **kwargs)
         from vllm_xpu_memfix.host_lock import LockDirError
 
@@ -107,18 +108,30 @@ def _serialised(name: str) -> Any:
                 logger.warning(
                     "vllm-xpu-memfix: warm-up lock: gave up after %.1f s waiting for %s; "
                     "running %s without the lock (VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S)",
-                    holding.waited_s, holding.waited_for, name,
-                )  # fmt: skip
+                    holding.waited_s,
+                    holding.waited_for,
+                    name,
+                )
             result = wrapped(*args, **kwargs)
         if holding is not None and holding.acquired:
             whom = f" for {holding.waited_for}" if holding.waited_for else ""
             logger.info(
                 "vllm-xpu-memfix: warm-up lock: %s waited %.1f s%s, held %.1f s",
-                name, holding.waited_s, whom, holding.held_s,
-            )  # fmt: skip
+                name,
+                holding.waited_s,
+                whom,
+                holding.held_s,
+            )
         return result
 
     return wrapper
 
 
-PATCHES = tuple(Patch(KEY, f"{MODULE}:{name}", _serialised(name)) for name in ALLOWED)
+def patches(settings: Settings) -> tuple[Patch, ...]:
+    return tuple(
+        Patch(FIX.key, f"{MODULE}:{name}", _serialised(name, settings)) for name in ALLOWED
+    )
+
+
+def install(patcher: Patcher, settings: Settings) -> None:
+    patcher.install_all(patches(settings))

@@ -82,13 +82,12 @@ class Release:
 
 
 def _empty_accelerator_cache() -> None:
+    from vllm_xpu_memfix.memory.accelerator import accelerator_backend
+
     torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    for name in ("xpu", "cuda"):
-        backend = getattr(torch, name, None)
-        if backend is not None and backend.is_available():
-            backend.empty_cache()
+    found = accelerator_backend(torch) if torch is not None else None
+    if found is not None:
+        found[1].empty_cache()
 
 
 def trim() -> bool:
