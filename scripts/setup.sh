@@ -19,6 +19,8 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 "$VENV/bin/python" -m pip install --quiet -e ".[test,plot]"
+# The test-only replay of Intel's sym_int4: puts the module where Intel's images have it.
+"$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps ./tests/plugins/sym_int4_replay
 
 # The host-release tests also run under jemalloc and tcmalloc (Debian packages).
 if [ ! -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

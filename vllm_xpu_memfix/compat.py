@@ -32,6 +32,8 @@ def _module_file(root: Path, module: str) -> Path | None:
 
 
 def _names_bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    """Names a module or class body binds, including in module-level ``if``/``try`` branches
+    (a module may define a function only in some configurations)."""
     names: dict[str, ast.AST] = {}
     for node in body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -45,6 +47,12 @@ def _names_bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 names[(alias.asname or alias.name).split(".")[0]] = node
+        elif isinstance(node, ast.If):
+            names = {**_names_bound(node.orelse), **_names_bound(node.body), **names}
+        elif isinstance(node, ast.Try):
+            branches = [node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)]
+            for branch in branches:
+                names = {**_names_bound(branch), **names}
     return names
 
 

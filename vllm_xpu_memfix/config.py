@@ -86,13 +86,17 @@ def _switch(variable: Variable, raw: str, environ: Mapping[str, str]) -> bool:
     return _choice(variable, raw, environ) in _TRUE
 
 
-def _number(*, integer: bool, minimum: float, exclusive: bool = False) -> Parser:
+def _number(
+    *, integer: bool, minimum: float, exclusive: bool = False, maximum: float = math.inf
+) -> Parser:
     def parse(variable: Variable, raw: str, _environ: Mapping[str, str]) -> float:
         try:
             value = int(raw) if integer else float(raw)
         except ValueError:
             raise _invalid(variable.name, raw, variable.accepted) from None
-        if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise _invalid(variable.name, raw, variable.accepted)
+        if exclusive and value == minimum:
             raise _invalid(variable.name, raw, variable.accepted)
         return value
 
@@ -160,6 +164,14 @@ KV_HEADROOM = Fix(
     "device OOM there, logs the --kv-cache-memory-bytes that would have fitted.",
     auto_means="the reserve on the XPU platform, off elsewhere; the OOM hint everywhere",
 )
+LOAD_LOCK = Fix(
+    key="load_lock",
+    summary="Lets at most N ranks of a host load their weights at once (vLLM's ignored "
+    "--max-parallel-loading-workers, else VLLM_XPU_MEMFIX_LOAD_SLOTS), so the host holds "
+    "about N shards of host-staged weights instead of every rank's.",
+    auto_means="on where a rank stages its whole BF16 shard on the host (sym_int4's legacy "
+    "load) or where --max-parallel-loading-workers is given; off elsewhere",
+)
 DRIVER_ENV = Fix(
     key="driver_env",
     summary="Sets NEOReadDebugKeys=1 EnableDeferBacking=0 so the Intel driver does not pin a "
@@ -167,7 +179,15 @@ DRIVER_ENV = Fix(
     auto_means="when 2+ Battlemage GPUs are visible and the runtime is affected or unknown; "
     "on: whenever the user has not set the variables",
 )
-FIXES: tuple[Fix, ...] = (LEDGER, HOST_RELEASE, WARMUP_LOCK, DEVICE_QUANT, KV_HEADROOM, DRIVER_ENV)
+FIXES: tuple[Fix, ...] = (
+    LEDGER,
+    HOST_RELEASE,
+    WARMUP_LOCK,
+    LOAD_LOCK,
+    DEVICE_QUANT,
+    KV_HEADROOM,
+    DRIVER_ENV,
+)
 
 _TRUE = ("1", "on", "true", "yes")
 _FALSE = ("0", "off", "false", "no")
@@ -268,6 +288,34 @@ PARAMETERS: tuple[Variable, ...] = (
         choices=("host", "instance"),
     ),
     Variable(
+        name=f"{PREFIX}_LOAD_SLOTS",
+        field="load_slots",
+        default="1",
+        accepted="an integer from 1 to 1024",
+        doc="How many ranks of the host (or engine) may load weights at once, unless "
+        "--max-parallel-loading-workers says otherwise.",
+        parse=_number(integer=True, minimum=1, maximum=1024),
+    ),
+    Variable(
+        name=f"{PREFIX}_LOAD_TIMEOUT_S",
+        field="load_timeout_s",
+        default="1800",
+        accepted="a finite number of seconds > 0",
+        doc="A rank that waited this long for a load slot logs a WARNING naming the holder "
+        "and loads without the lock.",
+        parse=_number(integer=False, minimum=0.0, exclusive=True),
+    ),
+    Variable(
+        name=f"{PREFIX}_LOAD_SCOPE",
+        field="load_scope",
+        default="host",
+        accepted="host, instance",
+        doc="host: every vLLM instance on the host shares the load slots; instance: only the "
+        "ranks of one engine do.",
+        parse=_choice,
+        choices=("host", "instance"),
+    ),
+    Variable(
         name=f"{PREFIX}_LOCK_DIR",
         field="lock_dir",
         default="",
@@ -312,6 +360,11 @@ SWITCHES: dict[str, Variable] = {
 VARIABLES: tuple[Variable, ...] = (MASTER, *SWITCHES.values(), *PARAMETERS)
 
 
+def variable_for(field: str) -> Variable:
+    """The row behind ``Settings.<field>``, for messages that name the variable."""
+    return next(v for v in PARAMETERS if v.field == field)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every plugin variable, parsed; built only by :func:`load`, so it has no defaults."""
@@ -327,6 +380,9 @@ class Settings:
     warmup_slots: int
     warmup_timeout_s: float
     warmup_scope: str
+    load_slots: int
+    load_timeout_s: float
+    load_scope: str
     lock_dir: Path
     kv_headroom_slack_mib: int
 

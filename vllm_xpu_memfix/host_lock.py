@@ -53,6 +53,13 @@ def prepare_lock_dir(path: Path) -> Path:
     return path
 
 
+def scoped_name(name: str, scope: str) -> str:
+    """The semaphore's name for a scope: ``host`` shares it across every vLLM instance;
+    ``instance`` gives each engine its own, keyed by the ranks' common parent, the
+    EngineCore process."""
+    return name if scope == "host" else f"{name}-engine{os.getppid()}"
+
+
 @dataclass
 class Holding:
     slot: int | None

@@ -32,6 +32,7 @@ from vllm_xpu_memfix.fixes import (
     host_release,
     kv_headroom,
     ledger,
+    load_lock,
     warmup_lock,
 )
 from vllm_xpu_memfix.patching import Patch, Patcher
@@ -41,6 +42,7 @@ from vllm_xpu_memfix.patching import Patch, Patcher
 MODULES: tuple[ModuleType, ...] = (
     driver_env,
     warmup_lock,
+    load_lock,
     device_quant,
     host_release,
     kv_headroom,

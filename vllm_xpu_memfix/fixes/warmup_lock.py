@@ -62,10 +62,9 @@ REMOVE_WHEN = RemoveWhen(
 
 
 def semaphore(settings: Settings) -> HostSemaphore:
-    from vllm_xpu_memfix.host_lock import HostSemaphore
+    from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
 
-    # Every rank of one engine shares its parent, the EngineCore process.
-    name = "warmup" if settings.warmup_scope == "host" else f"warmup-engine{os.getppid()}"
+    name = scoped_name("warmup", settings.warmup_scope)
     return HostSemaphore(settings.lock_dir, name, settings.warmup_slots)
 
 

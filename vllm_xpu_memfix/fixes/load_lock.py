@@ -1,0 +1,245 @@
+"""Load lock: at most N ranks of a host load their weights at once.
+
+Problem
+    Intel's ``sym_int4`` in its legacy load (``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1``,
+    which the 0.14 and 0.21 images set) allocates every quantized layer's BF16 weight
+    on the CPU, loads the whole checkpoint shard into it, and only then quantizes layer
+    by layer (llm-scaler ``vllm_for_multi_arc.patch``, tags ``vllm-0.14.0-b8.3.2`` and
+    ``vllm-0.21.0-b2``). Every rank does it at the same moment, so the host holds TP
+    BF16 shards at once: about 54 GB for a 27B model at TP 4, 244 GB for a 122B MoE
+    model. vLLM has the flag meant for this, ``--max-parallel-loading-workers`` ("to
+    avoid RAM OOM when using tensor parallel and large models"), but since the V1 engine
+    it only warns that it "will be ignored" (vLLM PR #1395 implemented it for the old Ray
+    executor).
+Mechanism
+    Right after the loader builds the model (``BaseModelLoader.create_model``, which
+    allocates without touching pages), decide whether this rank stages its whole shard
+    on the host: the model's sym_int4 layers hold real BF16 weights on the CPU before a
+    single weight was read. If so, or if the user passed ``--max-parallel-loading-workers
+    N``, take one of N slots of a host-wide semaphore of file locks (``host_lock``) before
+    the weights are read. The slot is given back right after ``process_weights_after_loading``,
+    once this rank's staging is gone and its allocator is trimmed (``gc.collect()`` and
+    ``malloc_trim`` inside the locked section), or at the end of ``Worker.load_model`` if
+    loading failed. No collective runs between those points: the section is the
+    loader's construction, weight reading and per-layer processing of one rank
+    (docs/load-lock.md shows it per vLLM version). A rank that waited
+    ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S`` loads unlocked with a WARNING naming the holder;
+    an unusable lock directory gives an ERROR and an unlocked load.
+Targets
+    ``vllm.model_executor.model_loader.base_loader:BaseModelLoader.create_model``,
+    ``vllm.model_executor.model_loader.base_loader:process_weights_after_loading``
+    (module global, called by ``BaseModelLoader.load_model``),
+    ``vllm.v1.worker.gpu_worker:Worker.load_model`` (XPUWorker and CPUWorker inherit it).
+Switch
+    ``VLLM_XPU_MEMFIX_LOAD_LOCK`` (auto: on where a rank stages its whole shard on the
+    host or ``--max-parallel-loading-workers`` is given; on: always; off: never);
+    ``VLLM_XPU_MEMFIX_LOAD_SLOTS``, ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S``,
+    ``VLLM_XPU_MEMFIX_LOAD_SCOPE`` (host | instance), ``VLLM_XPU_MEMFIX_LOCK_DIR``.
+Upstream
+    vLLM: honour ``max_parallel_loading_workers`` in the multiprocessing executor with a
+    node-local lock around the same section; llm-scaler: stream the legacy path, or
+    quantize each layer as it completes; see docs/upstream/load-lock.md.
+Remove when
+    vLLM honours ``max_parallel_loading_workers`` again (``base_loader`` or the worker
+    reads it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from vllm_xpu_memfix import config
+from vllm_xpu_memfix.config import Mode, Settings
+from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.units import MiB
+
+if TYPE_CHECKING:  # imported where used: registration must stay cheap
+    from vllm_xpu_memfix.host_lock import Holding
+
+logger = get_logger("load_lock")
+
+FIX = config.LOAD_LOCK
+REMOVE_WHEN = RemoveWhen(
+    "vLLM limits how many ranks load at once (max_parallel_loading_workers) itself",
+    "vllm.model_executor.model_loader.base_loader",
+    ("max_parallel_loading_workers",),
+)
+SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
+_LOADER = "vllm.model_executor.model_loader.base_loader"
+
+
+def host_staged_bytes(model: Any) -> tuple[int, int]:
+    """Bytes and count of sym_int4 layers whose BF16 weight is real and on the CPU.
+
+    Called before any weight is read: streaming and layerwise loads keep these weights
+    on the meta device until their layer's elements arrive, so only the legacy load,
+    which buffers the whole shard on the host, has any.
+    """
+    total = layers = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if type(method).__module__ != SYM_INT4 or weight is None:
+            continue
+        if not weight.is_meta and weight.device.type == "cpu":
+            total += weight.numel() * weight.element_size()
+            layers += 1
+    return total, layers
+
+
+def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None, str]:
+    """How many slots to queue on (None: no lock), and why."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    flag = getattr(parallel, "max_parallel_loading_workers", None)
+    if flag:
+        return int(flag), f"--max-parallel-loading-workers {flag}"
+    if settings.mode(FIX) is Mode.ON:
+        return settings.load_slots, f"{FIX.env}=on"
+    staged, layers = host_staged_bytes(model)
+    if staged:
+        return settings.load_slots, (
+            f"this rank stages its whole BF16 shard on the host ({staged / MiB:,.1f} MiB in "
+            f"{layers} sym_int4 layers allocated on the CPU before loading)"
+        )
+    return None, "no layer buffers its weights on the host before loading"
+
+
+def distributed_timeout_s(vllm_config: Any) -> float:
+    """The collective time-out the ranks that finish first wait under, in seconds."""
+    seconds = getattr(vllm_config.parallel_config, "distributed_timeout_seconds", None)
+    if seconds:
+        return float(seconds)
+    from torch.distributed.constants import default_pg_timeout
+
+    return default_pg_timeout.total_seconds()
+
+
+class LoadSection:
+    """This process's slot, taken after construction and given back after processing."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stack: contextlib.ExitStack | None = None
+        self.holding: Holding | None = None
+        self.vllm_config: Any = None
+        self.rank: Any = "?"
+
+    def enter(self, model: Any, vllm_config: Any) -> None:
+        if self.stack is not None:
+            return  # a second loader (a draft model) inside one section
+        slots, why = decide(self.settings, model, vllm_config)
+        if slots is None:
+            logger.debug("vllm-xpu-memfix: load lock not used: %s", why)
+            return
+        from vllm_xpu_memfix.host_lock import HostSemaphore, LockDirError, scoped_name
+
+        if why.startswith("--max-parallel"):
+            logger.info(
+                "vllm-xpu-memfix: %s is honoured by the load lock (vLLM's warning that it "
+                "will be ignored does not apply with this plugin)",
+                why,
+            )
+        name = scoped_name("load", self.settings.load_scope)
+        semaphore = HostSemaphore(self.settings.lock_dir, name, slots)
+        stack = contextlib.ExitStack()
+        try:
+            self.holding = stack.enter_context(semaphore.hold(self.settings.load_timeout_s))
+        except (LockDirError, OSError) as exc:
+            logger.error("vllm-xpu-memfix: load lock unusable, this rank loads unlocked: %s", exc)
+            return
+        self.stack, self.vllm_config = stack, vllm_config
+        if not self.holding.acquired:
+            logger.warning(
+                "vllm-xpu-memfix: load lock: gave up after %.1f s waiting for %s; loading "
+                "without the lock (%s)",
+                self.holding.waited_s,
+                self.holding.waited_for,
+                config.variable_for("load_timeout_s").name,
+            )
+        else:
+            logger.info(
+                "vllm-xpu-memfix: load lock taken (%s, %d slot(s)) after waiting %.1f s%s",
+                why,
+                slots,
+                self.holding.waited_s,
+                f" for {self.holding.waited_for}" if self.holding.waited_for else "",
+            )
+
+    def leave(self) -> None:
+        if self.stack is None or self.holding is None:
+            return
+        from vllm_xpu_memfix.memory import allocator
+        from vllm_xpu_memfix.memory.snapshot import take_self
+
+        allocator.release_free_memory()  # the staging goes back before the next rank starts
+        rss = take_self(pss=False).rss_anon or 0
+        holding, stack = self.holding, self.stack
+        self.stack = self.holding = None
+        stack.close()
+        logger.info(
+            "vllm-xpu-memfix: rank %s load lock: waited %.1f s%s, held %.1f s, RssAnon at "
+            "release %s MiB",
+            self.rank,
+            holding.waited_s,
+            f" for {holding.waited_for}" if holding.waited_for else "",
+            holding.held_s,
+            f"{rss / MiB:,.0f}",
+        )
+        self._warn_if_the_queue_outlasts_the_timeout(holding)
+
+    def _warn_if_the_queue_outlasts_the_timeout(self, holding: Holding) -> None:
+        """Ranks that finished wait in profiling's collectives for the last one to load."""
+        parallel = self.vllm_config.parallel_config
+        ranks_per_host = max(1, parallel.world_size // max(1, getattr(parallel, "nnodes", 1)))
+        slots = getattr(parallel, "max_parallel_loading_workers", None) or self.settings.load_slots
+        waves = -(-ranks_per_host // slots)
+        expected = holding.held_s * (waves - 1)
+        limit = distributed_timeout_s(self.vllm_config)
+        if expected > 0.8 * limit:
+            logger.warning(
+                "vllm-xpu-memfix: with %d ranks loading %d at a time, the last may finish "
+                "about %.0f s after the first, close to the %.0f s the others may wait in a "
+                "collective; raise --distributed-timeout-seconds or %s",
+                ranks_per_host,
+                slots,
+                expected,
+                limit,
+                config.variable_for("load_slots").name,
+            )
+
+
+def patches(settings: Settings) -> tuple[Patch, ...]:
+    section = LoadSection(settings)
+
+    def after_create_model(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        model = wrapped(*args, **kwargs)
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        try:
+            section.enter(model, vllm_config)
+        except Exception:
+            logger.exception("vllm-xpu-memfix: load lock failed; this rank loads unlocked")
+        return model
+
+    def after_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        result = wrapped(*args, **kwargs)
+        section.leave()
+        return result
+
+    def around_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        section.rank = getattr(instance, "rank", "?")
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            section.leave()  # a load that failed inside the section still frees its slot
+
+    return (
+        Patch(FIX.key, f"{_LOADER}:BaseModelLoader.create_model", after_create_model),
+        Patch(FIX.key, f"{_LOADER}:process_weights_after_loading", after_processing),
+        Patch(FIX.key, "vllm.v1.worker.gpu_worker:Worker.load_model", around_load_model),
+    )
+
+
+def install(patcher: Patcher, settings: Settings) -> None:
+    patcher.install_all(patches(settings))
