@@ -1,0 +1,168 @@
+"""The load lock: its decision on models built by the sym_int4 replay's own create_weights,
+bad input, an unusable lock directory, the time-out, and two real TP=2 servers on the
+test bed (the replay's 0.21 legacy load, where the lock must serialise the ranks, and its
+0.26 layerwise load, where auto must leave it off)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_xpu_memfix import config
+from vllm_xpu_memfix.fixes import load_lock
+
+torch = pytest.importorskip("torch")
+
+
+def parallel(workers=None, world_size=2):
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            max_parallel_loading_workers=workers, world_size=world_size, nnodes=1,
+            distributed_timeout_seconds=None,
+        )
+    )  # fmt: skip
+
+
+class FakeMethod:
+    """A quant method whose class lives in the sym_int4 module, as the real one's does."""
+
+
+FakeMethod.__module__ = load_lock.SYM_INT4
+
+
+def model_with(device: str) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.bfloat16, device=device))
+    layer.quant_method = FakeMethod()
+    model = torch.nn.Module()
+    model.layer = layer
+    return model
+
+
+def test_a_shard_buffered_on_the_host_turns_the_lock_on_with_the_default_slots():
+    slots, why = load_lock.decide(config.load({}), model_with("cpu"), parallel())
+    assert slots == 1 and "stages its whole BF16 shard" in why and "0.2 MiB in 1" in why
+
+
+def test_streaming_and_layerwise_loads_keep_it_off():
+    slots, why = load_lock.decide(config.load({}), model_with("meta"), parallel())
+    assert slots is None and "no layer buffers" in why
+
+
+def test_unquantized_host_weights_are_not_staging():
+    model = model_with("cpu")
+    model.layer.quant_method = object()
+    assert load_lock.decide(config.load({}), model, parallel())[0] is None
+
+
+def test_the_vllm_flag_wins_and_on_forces_the_lock():
+    assert load_lock.decide(config.load({}), model_with("meta"), parallel(workers=3))[0] == 3
+    forced = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "on", "VLLM_XPU_MEMFIX_LOAD_SLOTS": "2"})
+    assert load_lock.decide(forced, model_with("meta"), parallel()) == (
+        2,
+        "VLLM_XPU_MEMFIX_LOAD_LOCK=on",
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "nan", "inf", "", "1025", str(10**29)])
+def test_bad_slot_counts_are_refused_with_the_variable_and_the_range(value):
+    with pytest.raises(config.ConfigError) as err:
+        config.load({"VLLM_XPU_MEMFIX_LOAD_SLOTS": value})
+    assert "VLLM_XPU_MEMFIX_LOAD_SLOTS" in str(err.value) and "from 1 to 1024" in str(err.value)
+
+
+def test_an_unusable_lock_directory_logs_an_error_and_loads_unlocked(tmp_path, caplog):
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    settings = config.load({"VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / "link")})
+    section = load_lock.LoadSection(settings)
+    with caplog.at_level(logging.ERROR):
+        section.enter(model_with("cpu"), parallel())
+    assert section.stack is None
+    assert any("loads unlocked" in r.getMessage() and "symlink" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    section.leave()  # nothing held: a no-op
+
+
+def test_a_rank_that_times_out_loads_unlocked_and_names_the_holder(tmp_path, caplog):
+    from test_warmup_lock import start_holder
+
+    lock_dir = tmp_path / "locks"
+    holder = start_holder(lock_dir, "load")
+    settings = config.load(
+        {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), "VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S": "1"}
+    )
+    try:
+        section = load_lock.LoadSection(settings)
+        with caplog.at_level(logging.WARNING):
+            section.enter(model_with("cpu"), parallel())
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(f"pid {holder.pid}" in w and "loading without the lock" in w for w in warnings)
+        assert "VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S" in warnings[-1]
+        section.leave()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_queue_longer_than_the_collective_timeout_is_warned_about(caplog):
+    from vllm_xpu_memfix.host_lock import Holding
+
+    section = load_lock.LoadSection(config.load({}))
+    section.vllm_config = parallel(world_size=4)
+    section.vllm_config.parallel_config.distributed_timeout_seconds = 100
+    with caplog.at_level(logging.WARNING):
+        section._warn_if_the_queue_outlasts_the_timeout(Holding(0, 0.0, "", held_s=30.0))
+    line = next(r.getMessage() for r in caplog.records)
+    assert "4 ranks loading 1 at a time" in line and "about 90 s" in line
+    assert "--distributed-timeout-seconds" in line
+
+
+LOCK_LINE = re.compile(r"rank (\d) load lock: waited ([\d.]+) s(?: for pid (\d+))?")
+
+
+@pytest.mark.server
+def test_tp2_legacy_load_serialises_the_ranks_and_layerwise_leaves_them_alone(serve, tiny_model):
+    pytest.importorskip("vllm")
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+        "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT": "1",
+        "SYM_INT4_REPLAY_LAYOUT": "0.21",
+    }
+    args = ["--quantization", "sym_int4", "--tensor-parallel-size", "2"]
+    legacy = serve(tiny_model, env=env, extra_args=args)
+    legacy.wait_ready(timeout_s=400)
+    text = legacy.complete("Hello", max_tokens=2, temperature=0)["choices"][0]["text"]
+    legacy.stop()
+    log = legacy.log_text()
+    lines = LOCK_LINE.findall(log)
+    assert sorted(rank for rank, _, _ in lines) == ["0", "1"], log[-3000:]
+    pids = dict(re.findall(r"\(Worker_TP(\d) pid=(\d+)\)", log))
+    waited_for = [(rank, pid) for rank, _, pid in lines if pid]
+    # Exactly one rank queued, behind the other rank's worker process.
+    assert len(waited_for) == 1
+    rank, pid = waited_for[0]
+    assert pid == pids[str(1 - int(rank))]
+    assert "stages its whole BF16 shard on the host" in log
+
+    layerwise = serve(tiny_model, env={**env, "SYM_INT4_REPLAY_LAYOUT": "0.26"}, extra_args=args)
+    layerwise.wait_ready(timeout_s=400)
+    assert layerwise.complete("Hello", max_tokens=2, temperature=0)["choices"][0]["text"] == text
+    layerwise.stop()
+    assert "load lock" not in layerwise.log_text()
+
+
+def test_the_replay_is_what_the_tests_above_rely_on():
+    """The server test needs the replay installed into vLLM (scripts/setup.sh does it)."""
+    pytest.importorskip("vllm")
+    import importlib.util
+
+    spec = importlib.util.find_spec(load_lock.SYM_INT4)
+    assert spec is not None and spec.origin is not None
+    assert Path(spec.origin).parent.name == "quantization"
+    assert os.environ.get("SYM_INT4_REPLAY_LAYOUT", "0.26") in ("0.14", "0.21", "0.26")
