@@ -69,6 +69,13 @@ def test_the_vllm_flag_wins_and_on_forces_the_lock():
     )
 
 
+def test_a_load_format_that_runs_a_collective_never_queues():
+    config_ = parallel(workers=1)
+    config_.load_config = SimpleNamespace(load_format="runai_streamer_sharded")
+    slots, why = load_lock.decide(config.load({}), model_with("cpu"), config_)
+    assert slots is None and "runs a collective while loading" in why
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "nan", "inf", "", "1025", str(10**29)])
 def test_bad_slot_counts_are_refused_with_the_variable_and_the_range(value):
     with pytest.raises(config.ConfigError) as err:

@@ -4,8 +4,9 @@ vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in
 every process it starts. It must stay cheap.
 
 The one boundary in this package: everything :func:`register` reaches at import
-time (``config``, ``patching``, ``log``, ``process``, ``units``, ``fixes``) imports
-neither torch, vLLM nor psutil. Fix support (``driver``, ``host_lock``,
+time (``config``, ``patching``, ``log``, ``process``, ``units``, ``fixes``, and
+``driver``, whose sysfs and dpkg reads the driver guard makes at registration)
+imports neither torch, vLLM nor psutil. The other fix support (``host_lock``,
 ``memory``, ``kernels``) is imported inside the wrappers, when a fix acts; the
 user tools (``cli``) only by the console script. A test holds the boundary.
 """

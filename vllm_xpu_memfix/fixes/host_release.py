@@ -21,16 +21,18 @@ Mechanism
     ``malloc_trim``, tcmalloc ``MallocExtension_ReleaseFreeMemory``, jemalloc
     ``arena.<all>.purge``); optionally ``posix_fadvise(DONTNEED)`` on the
     checkpoint's shards. With Intel's ``sym_int4``, also trims after every
-    ``VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB`` of per-layer staging, so retention
-    cannot build up across layers. No built-in attribute patterns: the staging
-    of llm-scaler's ``sym_int4`` and of vLLM's ``device_loading_context`` is
-    deleted by their own code in the versions read; the audit reports anything
-    left for the user to match.
+    ``VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB`` of per-layer staging (a Linear layer's
+    weight, an MoE side's experts), so retention cannot build up across layers.
+    No built-in attribute patterns: the staging of llm-scaler's ``sym_int4`` and
+    of vLLM's ``device_loading_context`` is deleted by their own code in the
+    versions read; the audit reports anything left for the user to match.
 Targets
     ``vllm.v1.worker.gpu_worker:Worker.load_model`` (XPUWorker and CPUWorker
     inherit it);
     ``vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace``
-    (Intel's images only; module global called per layer).
+    and
+    ``vllm.model_executor.layers.quantization.sym_int4:_quantize_moe_int4_side_inplace``
+    (Intel's images only; module globals called per Linear layer and per MoE side).
 Switch
     ``VLLM_XPU_MEMFIX_HOST_RELEASE`` (auto = on); ``_RELEASE_ATTRS``,
     ``_RELEASE_EVERY_MIB``, ``_DROP_PAGE_CACHE``, ``_RELEASE_VOCAB_COPIES``.
@@ -61,6 +63,7 @@ if TYPE_CHECKING:  # imported where used: registration must stay cheap
 logger = get_logger("host_release")
 
 FIX = config.HOST_RELEASE
+SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 REMOVE_WHEN = RemoveWhen(
     "BaseModelLoader.load_model gives freed host memory back after processing the weights",
     "vllm.model_executor.model_loader.base_loader",
@@ -143,36 +146,51 @@ def _after_load_model(settings: Settings) -> Any:
     return wrapper
 
 
-def _after_quantized_layer(settings: Settings) -> Any:
-    """Trims after every ``release_every_mib`` of per-layer staging, counted in the closure."""
+def _staged_params(args: Any, kwargs: Any, side: bool) -> int:
+    """Parameters about to be staged: a Linear layer's weight, or one MoE side's experts."""
+    layer = args[0] if args else kwargs.get("layer")
+    if side:
+        which = args[1] if len(args) > 1 else kwargs.get("which", "")
+        weight = getattr(layer, f"{which}_weight", None)
+    else:
+        weight = getattr(layer, "weight", None)
+    return int(weight.numel()) if weight is not None else 0
+
+
+def _trim_after_staging(settings: Settings) -> tuple[Any, Any]:
+    """Wrappers for a Linear layer and an MoE side that trim after every
+    ``release_every_mib`` of staging, counted across both in one closure."""
     staged_since_trim = 0.0
 
-    def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-        nonlocal staged_since_trim
-        layer = args[0] if args else kwargs.get("layer")
-        weight = getattr(layer, "weight", None)
-        numel = weight.numel() if weight is not None else 0
-        result = wrapped(*args, **kwargs)
-        if settings.release_every_mib:
-            staged_since_trim += numel * STAGING_BYTES_PER_PARAM
-            if staged_since_trim >= settings.release_every_mib * MiB:
-                from vllm_xpu_memfix.memory import allocator
+    def counted(side: bool) -> Any:
+        def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+            nonlocal staged_since_trim
+            params = _staged_params(args, kwargs, side)
+            result = wrapped(*args, **kwargs)
+            if settings.release_every_mib:
+                staged_since_trim += params * STAGING_BYTES_PER_PARAM
+                if staged_since_trim >= settings.release_every_mib * MiB:
+                    from vllm_xpu_memfix.memory import allocator
 
-                allocator.trim()  # the staging died with its references; no gc needed here
-                staged_since_trim = 0.0
-        return result
+                    allocator.trim()  # the staging died with its references; no gc needed
+                    staged_since_trim = 0.0
+            return result
 
-    return wrapper
+        return wrapper
+
+    return counted(side=False), counted(side=True)
 
 
 def patches(settings: Settings) -> tuple[Patch, ...]:
+    after_layer, after_side = _trim_after_staging(settings)
     return (
         Patch(FIX.key, "vllm.v1.worker.gpu_worker:Worker.load_model", _after_load_model(settings)),
+        Patch(FIX.key, f"{SYM_INT4}:_quantize_linear_int4_inplace", after_layer, params=("layer",)),
         Patch(
             FIX.key,
-            "vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace",
-            _after_quantized_layer(settings),
-            params=("layer",),
+            f"{SYM_INT4}:_quantize_moe_int4_side_inplace",
+            after_side,
+            params=("layer", "which"),
         ),
     )
 

@@ -12,8 +12,8 @@ Problem
     it only warns that it "will be ignored" (vLLM PR #1395 implemented it for the old Ray
     executor).
 Mechanism
-    Right after the loader builds the model (``BaseModelLoader.create_model``, which
-    allocates without touching pages), decide whether this rank stages its whole shard
+    Right after the loader builds the model (``initialize_model``, which allocates
+    without touching pages), decide whether this rank stages its whole shard
     on the host: the model's sym_int4 layers hold real BF16 weights on the CPU before a
     single weight was read. If so, or if the user passed ``--max-parallel-loading-workers
     N``, take one of N slots of a host-wide semaphore of file locks (``host_lock``) before
@@ -26,9 +26,9 @@ Mechanism
     ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S`` loads unlocked with a WARNING naming the holder;
     an unusable lock directory gives an ERROR and an unlocked load.
 Targets
-    ``vllm.model_executor.model_loader.base_loader:BaseModelLoader.create_model``,
+    ``vllm.model_executor.model_loader.base_loader:initialize_model`` and
     ``vllm.model_executor.model_loader.base_loader:process_weights_after_loading``
-    (module global, called by ``BaseModelLoader.load_model``),
+    (module globals that ``BaseModelLoader.load_model`` calls, vLLM 0.26 to 0.34),
     ``vllm.v1.worker.gpu_worker:Worker.load_model`` (XPUWorker and CPUWorker inherit it).
 Switch
     ``VLLM_XPU_MEMFIX_LOAD_LOCK`` (auto: on where a rank stages its whole shard on the
@@ -68,6 +68,7 @@ REMOVE_WHEN = RemoveWhen(
 )
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 _LOADER = "vllm.model_executor.model_loader.base_loader"
+COLLECTIVE_LOAD_FORMATS = ("runai_streamer",)
 
 
 def host_staged_bytes(model: Any) -> tuple[int, int]:
@@ -91,6 +92,11 @@ def host_staged_bytes(model: Any) -> tuple[int, int]:
 
 def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None, str]:
     """How many slots to queue on (None: no lock), and why."""
+    load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", ""))
+    if load_format.startswith(COLLECTIVE_LOAD_FORMATS):
+        # vLLM 0.34's RunAI streamer loader all-gathers the file selection across the
+        # world group inside load_weights: a queued rank would hold its peers there.
+        return None, f"--load-format {load_format} runs a collective while loading"
     parallel = getattr(vllm_config, "parallel_config", None)
     flag = getattr(parallel, "max_parallel_loading_workers", None)
     if flag:
@@ -213,7 +219,7 @@ class LoadSection:
 def patches(settings: Settings) -> tuple[Patch, ...]:
     section = LoadSection(settings)
 
-    def after_create_model(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+    def after_construction(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         model = wrapped(*args, **kwargs)
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         try:
@@ -235,7 +241,7 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
             section.leave()  # a load that failed inside the section still frees its slot
 
     return (
-        Patch(FIX.key, f"{_LOADER}:BaseModelLoader.create_model", after_create_model),
+        Patch(FIX.key, f"{_LOADER}:initialize_model", after_construction, params=("vllm_config",)),
         Patch(FIX.key, f"{_LOADER}:process_weights_after_loading", after_processing),
         Patch(FIX.key, "vllm.v1.worker.gpu_worker:Worker.load_model", around_load_model),
     )

@@ -37,6 +37,7 @@ same effect on the layer, and ``apply`` dequantizes instead of calling the int4 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -54,6 +55,10 @@ if LAYOUT not in LAYOUTS:
 
 QK4_PACK_FACTOR = 8
 QK4_GROUP_SIZE = 128 if LAYOUT == "0.14" else int(os.environ.get("VLLM_INT4_GROUP_SIZE", "128"))
+
+
+def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(tensor, requires_grad=False)
 
 
 def _legacy_load() -> bool:
@@ -108,10 +113,10 @@ if LAYOUT == "0.14":
         del weight
         layer.weight = None
         qweight, scale = qweight.to(device), scale.to(device)
-        layer.weight_esimd = torch.nn.Parameter(qweight.view(torch.uint8), requires_grad=False)
-        layer.scale_esimd = torch.nn.Parameter(scale, requires_grad=False)
-        layer.weight = torch.nn.Parameter(qweight.t(), requires_grad=False)
-        layer.weight_scale = torch.nn.Parameter(scale.t(), requires_grad=False)
+        layer.weight_esimd = _frozen(qweight.view(torch.uint8))
+        layer.scale_esimd = _frozen(scale)
+        layer.weight = _frozen(qweight.t())
+        layer.weight_scale = _frozen(scale.t())
         layer._already_called_process_weights_after_loading = True
 
     def _dequantized(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
@@ -119,16 +124,36 @@ if LAYOUT == "0.14":
             layer.weight.t(), layer.weight_scale.t(), QK4_GROUP_SIZE, dtype
         )
 
+    def _quantize_moe_int4_side_inplace(layer: torch.nn.Module, which: str) -> None:
+        """One side (``w13`` or ``w2``) of every local expert; experts in a thread pool."""
+        source = getattr(layer, f"{which}_weight").data
+        device = source.device
+        experts, out, k = source.shape
+        host = source.cpu().contiguous() if device.type != "cpu" else source
+        qweight = torch.zeros((experts, out, k // QK4_PACK_FACTOR), dtype=torch.int32)
+        scales = torch.zeros((experts, out, k // QK4_GROUP_SIZE), dtype=torch.float16)
+
+        def one(e: int) -> None:
+            ggml_quantize_tensor(
+                host[e].float(), qweight[e], scales[e], out, k, QK4_GROUP_SIZE, transpose=False
+            )
+
+        with ThreadPoolExecutor() as pool:
+            list(pool.map(one, range(experts)))
+        del host, source
+        setattr(layer, f"{which}_weight", _frozen(qweight.to(device)))
+        setattr(layer, f"{which}_scales", _frozen(scales.to(device)))
+
 else:
 
     def _register_linear_int4_layouts(
         layer: torch.nn.Module, qweight: torch.Tensor, scale: torch.Tensor
     ) -> None:
         if os.environ.get("DISABLE_ESIMD_INT4", "0") != "1":
-            layer.weight_esimd = torch.nn.Parameter(qweight.view(torch.uint8), requires_grad=False)
-            layer.scale_esimd = torch.nn.Parameter(scale, requires_grad=False)
-        layer.qweight = torch.nn.Parameter(qweight.t(), requires_grad=False)
-        layer.scales = torch.nn.Parameter(scale.t().contiguous(), requires_grad=False)
+            layer.weight_esimd = _frozen(qweight.view(torch.uint8))
+            layer.scale_esimd = _frozen(scale)
+        layer.qweight = _frozen(qweight.t())
+        layer.scales = _frozen(scale.t().contiguous())
 
     def transpose_onednn_woq_format(layer: torch.nn.Module, method: str, is_sym: bool) -> None:
         """Stand-in for vllm-xpu-kernels' function of this name: K-contiguous qweight,
@@ -136,9 +161,7 @@ else:
         assert method == "gptq" and is_sym
         layer.qweight.data = layer.qweight.data.t().contiguous().t()
         layer.scales.data = layer.scales.data.contiguous()
-        layer.qzeros = torch.nn.Parameter(
-            torch.tensor([8], dtype=torch.int8, device=layer.qweight.device), requires_grad=False
-        )
+        layer.qzeros = _frozen(torch.tensor([8], dtype=torch.int8, device=layer.qweight.device))
 
     def _quantize_linear_int4_inplace(layer: torch.nn.Module) -> None:
         weight = layer.weight.data
@@ -151,12 +174,8 @@ else:
         qweight, scale = _host_quantize(weight, QK4_GROUP_SIZE)
         del weight
         _register_linear_int4_layouts(layer, qweight.to(device), scale.to(device))
-        layer.qzeros = torch.nn.Parameter(
-            torch.zeros(
-                (padded // QK4_GROUP_SIZE, n // QK4_PACK_FACTOR), dtype=torch.int32, device=device
-            ),
-            requires_grad=False,
-        )
+        zeros_shape = (padded // QK4_GROUP_SIZE, n // QK4_PACK_FACTOR)
+        layer.qzeros = _frozen(torch.zeros(zeros_shape, dtype=torch.int32, device=device))
         layer.weight = None
         transpose_onednn_woq_format(layer, "gptq", True)
         layer._already_called_process_weights_after_loading = True
@@ -164,6 +183,33 @@ else:
     def _dequantized(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
         full = q4_0_reference.dequantize(layer.qweight.t(), layer.scales.t(), QK4_GROUP_SIZE, dtype)
         return full[:, : layer._int4_in_features_orig]
+
+    def _quantize_moe_int4_side_inplace(layer: torch.nn.Module, which: str) -> None:
+        """One side (``w13`` or ``w2``) of every local expert, one expert after another,
+        with the intermediate size zero-padded to a group multiple."""
+        source = getattr(layer, f"{which}_weight").data
+        device = source.device
+        group = QK4_GROUP_SIZE
+        if which == "w2":
+            source = torch.nn.functional.pad(source, (0, -source.shape[-1] % group))
+        else:
+            gate, up = source.chunk(2, dim=1)
+            pad = (0, 0, 0, -gate.shape[1] % group)
+            source = torch.cat([torch.nn.functional.pad(h, pad) for h in (gate, up)], dim=1)
+        host = source.cpu()
+        del source
+        experts, out, k = host.shape
+        qweight = torch.zeros((experts, out, k // QK4_PACK_FACTOR), dtype=torch.int32)
+        scales = torch.zeros((experts, out, k // group), dtype=torch.float16)
+        for e in range(experts):
+            ggml_quantize_tensor(
+                host[e].float(), qweight[e], scales[e], out, k, group, transpose=False
+            )
+        del host
+        setattr(layer, f"{which}_weight", None)
+        qbytes = qweight.to(device).view(torch.uint8)
+        setattr(layer, f"{which}_qweight", _frozen(qbytes))
+        setattr(layer, f"{which}_qscales", _frozen(scales.to(device)))
 
 
 class _CopiedElements(TorchDispatchMode):
@@ -251,9 +297,7 @@ class SymInt4LinearMethod(LinearMethodBase):
                     "sym_int4 requires a complete checkpoint load before runtime quantization"
                 )
             # A layer the checkpoint never filled (a tied head, say) gets zeros.
-            layer.weight = torch.nn.Parameter(
-                torch.zeros_like(layer.weight, device=layer._load_device), requires_grad=False
-            )
+            layer.weight = _frozen(torch.zeros_like(layer.weight, device=layer._load_device))
         _quantize_linear_int4_inplace(layer)
 
     def apply(
