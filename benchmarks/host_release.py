@@ -28,8 +28,8 @@ from pathlib import Path
 
 import report_table
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B, make_model
 from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
 
 PLUGINS = Path(__file__).resolve().parent.parent / "tests" / "plugins"

@@ -35,10 +35,10 @@ from pathlib import Path
 import host_release
 import report_table
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B, make_model
+from vllm_xpu_memfix.cli.monitor import Sampler
 from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
-from vllm_xpu_memfix.monitor import Sampler
 
 CASES = {"on": {"VLLM_XPU_MEMFIX": "1"}, "off": {"VLLM_PLUGINS": "none"}}
 MiB = 1024**2

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix import compat, fixes
-from vllm_xpu_memfix.cli import main
+from vllm_xpu_memfix import fixes
+from vllm_xpu_memfix.cli import compat, main
 
 
 @pytest.fixture

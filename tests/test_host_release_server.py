@@ -50,7 +50,7 @@ SAME_MIB = 8
 
 @pytest.fixture(scope="module")
 def one_b_model(tmp_path_factory):
-    from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+    from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B, make_model
 
     return make_model(tmp_path_factory.mktemp("one-b"), ONE_B)
 
@@ -141,7 +141,7 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
     where this CPU prepacks bf16, else in float32, which oneDNN prepacks on AVX2 too."""
     from helpers.cpu_gemm import cpu_features, vllm_prepacks
 
-    from vllm_xpu_memfix.demo.tiny_model import ONE_B
+    from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B
 
     case = next((c for c in ("bf16", "float32") if vllm_prepacks(VOCAB_DTYPE[c])), None)
     if case is None:

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix import monitor
-from vllm_xpu_memfix.cli import main
-from vllm_xpu_memfix.plot import PlotError, plot, read_ledger_phases
+from vllm_xpu_memfix.cli import main, monitor
+from vllm_xpu_memfix.cli.plot import PlotError, plot, read_ledger_phases
 
 MiB = 1024**2
 

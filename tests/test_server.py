@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vllm_xpu_memfix.demo.tiny_model import parameter_bytes
+from vllm_xpu_memfix.cli.demo.tiny_model import parameter_bytes
 from vllm_xpu_memfix.memory.ledger import PHASES, PSS_PHASES
 
 pytest.importorskip("vllm")

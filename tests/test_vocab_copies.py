@@ -27,7 +27,7 @@ pytest.importorskip("vllm")
 
 from helpers.cpu_gemm import cpu_features, vllm_prepacks  # noqa: E402
 
-from vllm_xpu_memfix.demo.server import free_port  # noqa: E402
+from vllm_xpu_memfix.cli.demo.server import free_port  # noqa: E402
 from vllm_xpu_memfix.memory.vocab_copies import (  # noqa: E402
     holds_packed_copy,
     release_unused_vocab_copies,

@@ -185,7 +185,7 @@ def test_bad_slot_counts_are_refused(value):
 def test_only_allow_listed_process_local_warmups_are_wrapped():
     """Fails if a patch wraps a name off the allow-list, or an allow-listed name is called
     where kernel_warmup may already have run collectives (after `if process_local_only`)."""
-    from vllm_xpu_memfix import compat
+    from vllm_xpu_memfix.cli import compat
 
     for patch in warmup_lock.PATCHES:
         module, _, name = patch.target.partition(":")

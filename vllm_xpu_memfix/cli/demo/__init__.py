@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import make_model
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.demo.tiny_model import make_model
 
 DEFAULT_WORKDIR = Path("vllm-xpu-memfix-demo")
 
@@ -33,7 +33,7 @@ def ledger_report(log_text: str) -> list[str]:
 
 
 def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print) -> int:
-    from vllm_xpu_memfix import monitor
+    from vllm_xpu_memfix.cli import monitor
 
     workdir.mkdir(parents=True, exist_ok=True)
     say(f"[1/4] making a tiny random Qwen3 model in {workdir / 'model'}")
@@ -71,7 +71,7 @@ def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print
     for line in ledger_report(log_text):
         say(f"      {line}")
     say(f"[4/4] host memory over time: {csv_path}")
-    from vllm_xpu_memfix.plot import PlotError, plot
+    from vllm_xpu_memfix.cli.plot import PlotError, plot
 
     try:
         say(f"      picture: {plot(csv_path, workdir / 'host-memory.png', ledger_dir)}")

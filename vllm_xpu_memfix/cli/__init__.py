@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_xpu_memfix import __version__, compat, config, fixes
+from vllm_xpu_memfix import __version__, config, fixes
+from vllm_xpu_memfix.cli import compat
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -57,13 +58,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vllm_xpu_memfix.demo import run_demo
+    from vllm_xpu_memfix.cli.demo import run_demo
 
     return run_demo(Path(args.workdir))
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from vllm_xpu_memfix import monitor
+    from vllm_xpu_memfix.cli import monitor
 
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     out = Path(args.out or time.strftime("vllm-xpu-memfix-monitor-%Y%m%d-%H%M%S"))
@@ -71,7 +72,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from vllm_xpu_memfix.plot import PlotError, plot
+    from vllm_xpu_memfix.cli.plot import PlotError, plot
 
     csv_path = Path(args.csv)
     if not csv_path.is_file():
@@ -106,7 +107,7 @@ def _positive_int(text: str) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     import os
 
-    from vllm_xpu_memfix import doctor
+    from vllm_xpu_memfix.cli import doctor
     from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 
     serve = doctor.ServeArgs(
@@ -194,6 +195,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vllm-xpu-memfix: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())
