@@ -8,16 +8,19 @@ start is the measurement.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix import driver
+from vllm_xpu_memfix import config, driver
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
-from vllm_xpu_memfix.memory.checkpoint import Checkpoint, read_checkpoint
+from vllm_xpu_memfix.memory.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from vllm_xpu_memfix.memory.snapshot import ProcReader
 from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, GiB
 
@@ -290,3 +293,21 @@ def render(report: Report, args: ServeArgs) -> str:
         *(f"  note: {note}" for note in report.notes),
     ]
     return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    serve = ServeArgs(
+        model=Path(args.model) if args.model else None,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        device_memory_gib=args.device_memory_gib,
+    )
+    try:
+        report = diagnose(config.load(), serve, os.environ)
+    except CheckpointError as exc:
+        print(f"doctor: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if args.json else render(report, serve))
+    return 0

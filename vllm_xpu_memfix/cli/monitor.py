@@ -8,6 +8,7 @@ signature of driver-pinned host memory (see ``memory.attribution``).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import signal
@@ -208,7 +209,10 @@ def run(
     return (128 - code if code < 0 else code), csv_path, peaks
 
 
-def main(command: Sequence[str], out_dir: Path, interval: float) -> int:
+def main(args: argparse.Namespace) -> int:
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    out_dir = Path(args.out or time.strftime("vllm-xpu-memfix-monitor-%Y%m%d-%H%M%S"))
+    interval = args.interval
     if not command:
         print("monitor: give the command to run after --, e.g. "
               "vllm-xpu-memfix monitor -- vllm serve MODEL", file=sys.stderr)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import threading
 from collections.abc import Callable
@@ -78,3 +79,7 @@ def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print
     except PlotError as exc:
         say(f"      no picture: {exc}")
     return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_demo(Path(args.workdir))
