@@ -49,6 +49,14 @@ def test_recorded_cpu_vm_process():
     assert snap.drm is None, "an fdinfo without drm-driver is not a DRM client"
 
 
+def test_anon_pss_is_anonymous_plus_shmem_for_a_snapshot_and_for_the_tree_sum():
+    reader = ProcReader(DATA / "cpu-vm-v1")
+    snap = reader.take(4242)
+    assert snap.anon_pss == snap.pss_anon + (snap.pss_shmem or 0)
+    assert reader.process_anon_pss("4242") == snap.anon_pss
+    assert reader.take(4242, pss=False).anon_pss is None
+
+
 def test_constructed_xe_process_counts_each_drm_client_once():
     snap = ProcReader(DATA / "xe-cgroup-v2").take(777)
     assert snap.drm is not None

@@ -3,7 +3,7 @@
 Writes one CSV row per process per sample plus one ``system`` row per sample.
 The system row carries "outside any process": the MemAvailable drop since the
 first sample minus the growth of the tree's anonymous + shmem PSS, the
-signature of driver-pinned host memory (see ``memory.attribution``).
+signature of driver-pinned host memory (``memory.attribution.outside_any_process``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import psutil
 
+from vllm_xpu_memfix.memory.attribution import outside_any_process
 from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader
 from vllm_xpu_memfix.memory.tree import role_of
 from vllm_xpu_memfix.units import MiB
@@ -105,12 +106,9 @@ class Sampler:
             role = role_of(cmdline)
             if role != "other" or proc.pid not in self.labels:
                 self.labels[proc.pid] = label_of(proc.pid, cmdline, name)
-            anon_pss = None
-            if snap.pss_anon is not None:
-                anon_pss = snap.pss_anon + (snap.pss_shmem or 0)
             rows.append({
                 "ts": now, "t": now - self.t0, "pid": proc.pid,
-                "label": self.labels[proc.pid], "role": role, "anon_pss": anon_pss,
+                "label": self.labels[proc.pid], "role": role, "anon_pss": snap.anon_pss,
                 "rss": sum(v or 0 for v in (snap.rss_anon, snap.rss_file, snap.rss_shmem)),
                 "rss_anon": snap.rss_anon, "rss_file": snap.rss_file,
                 "rss_shmem": snap.rss_shmem, "pss": snap.pss,
@@ -126,12 +124,13 @@ class Sampler:
         tree_anon_pss = sum(r["anon_pss"] or 0 for r in rows)
         if self.first_available is None:
             self.first_available, self.first_tree_anon_pss = snap.mem_available, tree_anon_pss
-        drop = None
-        outside = None
-        if snap.mem_available is not None and self.first_available is not None:
-            drop = self.first_available - snap.mem_available
-            outside = drop - (tree_anon_pss - (self.first_tree_anon_pss or 0))
-            self.peaks.mem_available_drop = max(self.peaks.mem_available_drop, drop)
+        outside = outside_any_process(
+            self.first_available, snap.mem_available, self.first_tree_anon_pss, tree_anon_pss
+        )
+        if outside.mem_available_drop is not None:
+            self.peaks.mem_available_drop = max(
+                self.peaks.mem_available_drop, outside.mem_available_drop
+            )
         swap_used = None
         if snap.swap_total is not None and snap.swap_free is not None:
             swap_used = snap.swap_total - snap.swap_free
@@ -142,7 +141,7 @@ class Sampler:
             "mem_total": snap.mem_total, "mem_available": snap.mem_available,
             "cached": snap.cached, "committed_as": snap.committed_as, "swap_used": swap_used,
             "cgroup_current": snap.cgroup_current, "cgroup_max": snap.cgroup_max,
-            "gpu_active": snap.gpu_active, "outside_processes": outside,
+            "gpu_active": snap.gpu_active, "outside_processes": outside.outside_processes,
         }  # fmt: skip
 
 

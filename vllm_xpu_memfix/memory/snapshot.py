@@ -123,6 +123,15 @@ def parse_drm_fdinfo(texts: Iterator[str] | list[str]) -> DrmUsage | None:
     )
 
 
+def anon_pss(pss_anon: int | None, pss_shmem: int | None) -> int | None:
+    """PSS of anonymous and shared-memory pages: what MemAvailable cannot reclaim.
+
+    File pages are left out: they are page cache, which MemAvailable counts as
+    available. ``None`` when the kernel gives no ``Pss_Anon``.
+    """
+    return None if pss_anon is None else pss_anon + (pss_shmem or 0)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     ts: float
@@ -146,6 +155,11 @@ class Snapshot:
     cgroup_max: int | None = None
     gpu_active: int | None = None
     drm: DrmUsage | None = field(default=None)
+
+    @property
+    def anon_pss(self) -> int | None:
+        """Anonymous + shmem PSS (see :func:`anon_pss`); ``None`` without ``pss=True``."""
+        return anon_pss(self.pss_anon, self.pss_shmem)
 
     def as_dict(self) -> dict[str, object]:
         """Flat mapping for JSON and CSV: DRM figures become ``drm_*`` keys."""
@@ -216,15 +230,9 @@ class ProcReader:
         return parse_drm_fdinfo(texts())
 
     def process_anon_pss(self, pid: str) -> int | None:
-        """PSS of anonymous and shared-memory pages: what MemAvailable cannot reclaim.
-
-        File pages are left out: they are page cache, which MemAvailable counts
-        as available.
-        """
+        """:func:`anon_pss` of one process, reading only its ``smaps_rollup``."""
         rollup = self._keys("proc", pid, "smaps_rollup")
-        if "Pss_Anon" not in rollup:
-            return None
-        return rollup["Pss_Anon"] + rollup.get("Pss_Shmem", 0)
+        return anon_pss(rollup.get("Pss_Anon"), rollup.get("Pss_Shmem"))
 
     def take(self, pid: int | str = "self", pss: bool = True) -> Snapshot:
         """Read every figure; ``pss=False`` skips ``smaps_rollup``, whose cost grows with RSS
