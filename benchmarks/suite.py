@@ -118,16 +118,24 @@ def table(results: dict[str, list[dict]], rounds: int) -> list[str]:
         off = [r[metric] for r in results["off"]]
         fmt = "{:,.0f}" if max(on + off) >= 100 else "{:,.2f}"
         ratio = statistics.median(on) / statistics.median(off) if statistics.median(off) else None
-        rows.append([
-            metric,
-            ", ".join(fmt.format(v) for v in on),
-            ", ".join(fmt.format(v) for v in off),
-            fmt.format(statistics.median(on)),
-            fmt.format(statistics.median(off)),
-            "-" if ratio is None else f"{ratio:.3f}",
-        ])  # fmt: skip
-    header = ("metric", "plugin on (runs)", "plugin off (runs)", "median on", "median off",
-              "on / off")  # fmt: skip
+        rows.append(
+            [
+                metric,
+                ", ".join(fmt.format(v) for v in on),
+                ", ".join(fmt.format(v) for v in off),
+                fmt.format(statistics.median(on)),
+                fmt.format(statistics.median(off)),
+                "-" if ratio is None else f"{ratio:.3f}",
+            ]
+        )
+    header = (
+        "metric",
+        "plugin on (runs)",
+        "plugin off (runs)",
+        "median on",
+        "median off",
+        "on / off",
+    )
     return report_table.table(header, rows)
 
 

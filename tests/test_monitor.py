@@ -68,8 +68,9 @@ def test_plot_draws_a_png_of_the_expected_size_with_ledger_marks(tree_run, tmp_p
         )
     )
     assert read_ledger_phases(ledger) == [
-        (t0, "process start"), (t0 + 1.5, "weights loaded / weights processed")
-    ]  # fmt: skip
+        (t0, "process start"),
+        (t0 + 1.5, "weights loaded / weights processed"),
+    ]
     png = plot(csv_path, tmp_path / "out.png", ledger)
     assert png_size(png) == (1200, 650)
     assert png.stat().st_size > 20_000
@@ -97,10 +98,24 @@ def test_monitor_forwards_sigterm_and_exits_with_the_childs_code(tmp_path):
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm_xpu_memfix.cli", "monitor", "--interval", "0.1",
-         "--out", str(tmp_path), "--", sys.executable, "-c", child],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm_xpu_memfix.cli",
+            "monitor",
+            "--interval",
+            "0.1",
+            "--out",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "up"
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)

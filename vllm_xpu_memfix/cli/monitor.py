@@ -28,11 +28,29 @@ from vllm_xpu_memfix.memory.tree import role_of
 from vllm_xpu_memfix.units import MiB
 
 COLUMNS = (
-    "ts", "t", "pid", "label", "role", "rss", "rss_anon", "rss_file", "rss_shmem", "pss",
+    "ts",
+    "t",
+    "pid",
+    "label",
+    "role",
+    "rss",
+    "rss_anon",
+    "rss_file",
+    "rss_shmem",
+    "pss",
     "anon_pss",
-    "drm_total_gtt", "drm_total_vram", "mem_total", "mem_available", "cached", "committed_as",
-    "swap_used", "cgroup_current", "cgroup_max", "gpu_active", "outside_processes",
-)  # fmt: skip
+    "drm_total_gtt",
+    "drm_total_vram",
+    "mem_total",
+    "mem_available",
+    "cached",
+    "committed_as",
+    "swap_used",
+    "cgroup_current",
+    "cgroup_max",
+    "gpu_active",
+    "outside_processes",
+)
 _TITLE = re.compile(r"\w+::(\S+)")
 
 
@@ -106,15 +124,23 @@ class Sampler:
             role = role_of(cmdline)
             if role != "other" or proc.pid not in self.labels:
                 self.labels[proc.pid] = label_of(proc.pid, cmdline, name)
-            rows.append({
-                "ts": now, "t": now - self.t0, "pid": proc.pid,
-                "label": self.labels[proc.pid], "role": role, "anon_pss": snap.anon_pss,
-                "rss": sum(v or 0 for v in (snap.rss_anon, snap.rss_file, snap.rss_shmem)),
-                "rss_anon": snap.rss_anon, "rss_file": snap.rss_file,
-                "rss_shmem": snap.rss_shmem, "pss": snap.pss,
-                "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
-                "drm_total_vram": snap.drm.total_vram if snap.drm else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "ts": now,
+                    "t": now - self.t0,
+                    "pid": proc.pid,
+                    "label": self.labels[proc.pid],
+                    "role": role,
+                    "anon_pss": snap.anon_pss,
+                    "rss": sum(v or 0 for v in (snap.rss_anon, snap.rss_file, snap.rss_shmem)),
+                    "rss_anon": snap.rss_anon,
+                    "rss_file": snap.rss_file,
+                    "rss_shmem": snap.rss_shmem,
+                    "pss": snap.pss,
+                    "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
+                    "drm_total_vram": snap.drm.total_vram if snap.drm else None,
+                }
+            )
         system = self._system_row(now, rows)
         self.peaks.update(rows, system)
         return rows, system
@@ -135,14 +161,24 @@ class Sampler:
         if snap.swap_total is not None and snap.swap_free is not None:
             swap_used = snap.swap_total - snap.swap_free
         return {
-            "ts": now, "t": now - self.t0, "pid": "system", "label": "system", "role": "system",
-            "rss": sum(r["rss"] or 0 for r in rows), "pss": sum(r["pss"] or 0 for r in rows),
+            "ts": now,
+            "t": now - self.t0,
+            "pid": "system",
+            "label": "system",
+            "role": "system",
+            "rss": sum(r["rss"] or 0 for r in rows),
+            "pss": sum(r["pss"] or 0 for r in rows),
             "anon_pss": tree_anon_pss,
-            "mem_total": snap.mem_total, "mem_available": snap.mem_available,
-            "cached": snap.cached, "committed_as": snap.committed_as, "swap_used": swap_used,
-            "cgroup_current": snap.cgroup_current, "cgroup_max": snap.cgroup_max,
-            "gpu_active": snap.gpu_active, "outside_processes": outside.outside_processes,
-        }  # fmt: skip
+            "mem_total": snap.mem_total,
+            "mem_available": snap.mem_available,
+            "cached": snap.cached,
+            "committed_as": snap.committed_as,
+            "swap_used": swap_used,
+            "cgroup_current": snap.cgroup_current,
+            "cgroup_max": snap.cgroup_max,
+            "gpu_active": snap.gpu_active,
+            "outside_processes": outside.outside_processes,
+        }
 
 
 def _status_line(t: float, rows: list[dict[str, Any]], system: dict[str, Any]) -> str:
@@ -213,8 +249,11 @@ def main(args: argparse.Namespace) -> int:
     out_dir = Path(args.out or time.strftime("vllm-xpu-memfix-monitor-%Y%m%d-%H%M%S"))
     interval = args.interval
     if not command:
-        print("monitor: give the command to run after --, e.g. "
-              "vllm-xpu-memfix monitor -- vllm serve MODEL", file=sys.stderr)  # fmt: skip
+        print(
+            "monitor: give the command to run after --, e.g. "
+            "vllm-xpu-memfix monitor -- vllm serve MODEL",
+            file=sys.stderr,
+        )
         return 2
     if interval <= 0:
         print(f"monitor: --interval must be positive, got {interval}", file=sys.stderr)

@@ -33,8 +33,12 @@ def read_monitor_csv(
     with path.open(newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             if row["pid"] == "system":
-                system.append({k: _number(v) if k not in ("pid", "label", "role") else v
-                               for k, v in row.items()})  # fmt: skip
+                system.append(
+                    {
+                        k: _number(v) if k not in ("pid", "label", "role") else v
+                        for k, v in row.items()
+                    }
+                )
                 continue
             value = _number(row["pss"]) or _number(row["rss"]) or 0.0
             series[row["pid"]].append((float(row["t"]), value))

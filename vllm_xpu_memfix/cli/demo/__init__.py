@@ -27,8 +27,11 @@ def ledger_report(log_text: str) -> list[str]:
     lines = log_text.splitlines()
     for i, line in enumerate(lines):
         if "host-memory ledger" in line:
-            end = next(j for j in range(i + 1, len(lines) + 1)
-                       if j == len(lines) or "attribution since" in lines[j])  # fmt: skip
+            end = next(
+                j
+                for j in range(i + 1, len(lines) + 1)
+                if j == len(lines) or "attribution since" in lines[j]
+            )
             return lines[i : end + 1]
     return []
 
@@ -39,9 +42,9 @@ def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print
     workdir.mkdir(parents=True, exist_ok=True)
     say(f"[1/4] making a tiny random Qwen3 model in {workdir / 'model'}")
     model = make_model(workdir / "model")
-    log_path, csv_path, ledger_dir = (
-        workdir / "server.log", workdir / "monitor.csv", workdir / "ledger"
-    )  # fmt: skip
+    log_path = workdir / "server.log"
+    csv_path = workdir / "monitor.csv"
+    ledger_dir = workdir / "ledger"
     for old in ledger_dir.glob("ledger-*.jsonl"):
         old.unlink()
     say(f"[2/4] starting vLLM's OpenAI server with the plugin (log: {log_path})")
