@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import signal
 import struct
@@ -11,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+from helpers.refusing_proc import RefusingReader
 
 from vllm_xpu_memfix.cli import main, monitor
 from vllm_xpu_memfix.cli.plot import PlotError, plot, read_ledger_phases
@@ -137,3 +140,56 @@ def test_monitor_usage_errors(argv, code, message, tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     assert main(argv) == code
     assert message in capsys.readouterr().err
+
+
+# A parent and a child that both sleep; the parent prints the child's pid.
+PAIR = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+@pytest.fixture
+def pair():
+    parent = subprocess.Popen([sys.executable, "-c", PAIR], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    yield parent.pid, child
+    psutil.Process(child).kill()
+    parent.wait(timeout=20)
+
+
+def test_a_process_hidden_from_us_stays_in_the_tree_and_is_reported_once(pair, monkeypatch):
+    """hidepid=1 or another user's process: its /proc files and psutil's cmdline are
+    refused (EACCES); the process is still there, so it stays, counted as unreadable."""
+    parent, child = pair
+    hidden_cmdline = psutil.Process.cmdline
+
+    def cmdline(self):
+        if self.pid == child:
+            raise psutil.AccessDenied(self.pid)
+        return hidden_cmdline(self)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", cmdline)
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    sampler = monitor.Sampler(parent, RefusingReader("/", child, denied))
+    for _ in range(3):
+        rows, system = sampler.sample()
+    by_pid = {row["pid"]: row for row in rows}
+    assert set(by_pid) == {parent, child}
+    assert by_pid[child]["rss"] is None and by_pid[child]["pss"] is None
+    assert by_pid[child]["denied"] == "status, smaps_rollup, cgroup, fdinfo"
+    assert by_pid[parent]["rss"] > 0 and by_pid[parent]["denied"] == ""
+    assert system["rss"] == by_pid[parent]["rss"]
+    report = sampler.peaks.report()
+    assert "not allowed to read 1 process(es)" in report
+    assert report.count(f"({child})") == 1, report
+    assert f"({parent})" in report
+
+
+def test_a_process_gone_between_listing_and_reading_leaves_the_tree(pair):
+    parent, child = pair
+    gone = ProcessLookupError(errno.ESRCH, "No such process")
+    rows, _ = monitor.Sampler(parent, RefusingReader("/", child, gone)).sample()
+    assert [row["pid"] for row in rows] == [parent]
