@@ -20,11 +20,17 @@ import time
 import zipfile
 from pathlib import Path
 
-from vllm_xpu_memfix import compat, config, fixes
+from vllm_xpu_memfix import config, fixes
+from vllm_xpu_memfix.cli import compat
 
 VERSIONS = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_35_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64")  # fmt: skip
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_35_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+)
 
 
 def source_tree(version: str, cache: Path) -> Path:
@@ -35,11 +41,25 @@ def source_tree(version: str, cache: Path) -> Path:
     wheels = cache / version / "wheel"
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-         "--python-version", "3.12", "--implementation", "cp", *platforms,
-         f"vllm=={version}", "-d", str(wheels)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *platforms,
+            f"vllm=={version}",
+            "-d",
+            str(wheels),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     wheel = next(wheels.glob("vllm-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         names = [n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import report_table
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B, make_model
 from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
 
 PLUGINS = Path(__file__).resolve().parent.parent / "tests" / "plugins"
@@ -39,10 +39,9 @@ CASES = {
     "bf16": ("bf16", []),
     "float32": ("bf16 checkpoint, --dtype float32", ["--dtype", "float32"]),
     "int4": ("stand-in int4 (host staging)", ["--quantization", "stand_in_int4"]),
-    "eager": ("bf16, --safetensors-load-strategy eager",
-              ["--safetensors-load-strategy", "eager"]),
+    "eager": ("bf16, --safetensors-load-strategy eager", ["--safetensors-load-strategy", "eager"]),
     "tp2": ("bf16, TP=2 (rank 0)", ["--tensor-parallel-size", "2"]),
-}  # fmt: skip
+}
 DEFAULT_CASES = ("bf16", "float32", "int4")
 
 
@@ -141,8 +140,10 @@ def report(
                 results.setdefault((case, arm), []).append(figures)
                 done += 1
                 elapsed = time.monotonic() - started
-                progress(f"[{done}/{total}] {case}, {arm}: ready RssAnon "
-                         f"{figures['ready']:,.0f} MiB ({elapsed:.0f} s)")  # fmt: skip
+                progress(
+                    f"[{done}/{total}] {case}, {arm}: ready RssAnon "
+                    f"{figures['ready']:,.0f} MiB ({elapsed:.0f} s)"
+                )
     lines = [
         f"## host_release: off, gc + trim floor, on; {time.strftime('%Y-%m-%d')}",
         "",
@@ -159,19 +160,30 @@ def report(
         for arm in arms:
             runs = results[(case, arm)]
             ready = statistics.median(r["ready"] for r in runs)
-            rows.append([
-                CASES[case][0],
-                arm,
-                f"{statistics.median(r['weights processed'] for r in runs):,.0f}",
-                f"{statistics.median(r['KV cache sized'] for r in runs):,.0f}",
-                ", ".join(f"{r['ready']:,.0f}" for r in runs),
-                f"{ready:,.0f}",
-                f"{ready / off:.3f}",
-                f"{off - ready:,.0f}",
-                f"{ready - weights:,.0f}",
-            ])  # fmt: skip
-    header = ("case", "arm", "weights processed", "KV cache sized", "ready (runs)", "ready median",
-              "ready / off", "saved vs off", "ready - own weights")  # fmt: skip
+            rows.append(
+                [
+                    CASES[case][0],
+                    arm,
+                    f"{statistics.median(r['weights processed'] for r in runs):,.0f}",
+                    f"{statistics.median(r['KV cache sized'] for r in runs):,.0f}",
+                    ", ".join(f"{r['ready']:,.0f}" for r in runs),
+                    f"{ready:,.0f}",
+                    f"{ready / off:.3f}",
+                    f"{off - ready:,.0f}",
+                    f"{ready - weights:,.0f}",
+                ]
+            )
+    header = (
+        "case",
+        "arm",
+        "weights processed",
+        "KV cache sized",
+        "ready (runs)",
+        "ready median",
+        "ready / off",
+        "saved vs off",
+        "ready - own weights",
+    )
     return lines + report_table.table(header, rows)
 
 
@@ -180,8 +192,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--model", type=Path, help="reuse a model directory (default: make one)")
-    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                        help=f"comma-separated, of {', '.join(CASES)}")  # fmt: skip
+    parser.add_argument(
+        "--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated, of {', '.join(CASES)}"
+    )
     args = parser.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]

@@ -76,14 +76,25 @@ def sampler_run():
             return torch.full((rows,), value, device=runner.device)
 
         metadata = SamplingMetadata(
-            temperature=full(0.5), all_greedy=False, all_random=False, top_p=full(0.9),
-            top_k=full(logits.size(1) - 1), generators={}, max_num_logprobs=None,
-            logprob_token_ids=None, no_penalties=True, prompt_token_ids=None,
-            frequency_penalties=full(0.1), presence_penalties=full(0.1),
-            repetition_penalties=full(0.1), output_token_ids=[[] for _ in range(rows)],
-            spec_token_ids=[[] for _ in range(rows)], allowed_token_ids_mask=None,
-            bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
-        )  # fmt: skip
+            temperature=full(0.5),
+            all_greedy=False,
+            all_random=False,
+            top_p=full(0.9),
+            top_k=full(logits.size(1) - 1),
+            generators={},
+            max_num_logprobs=None,
+            logprob_token_ids=None,
+            no_penalties=True,
+            prompt_token_ids=None,
+            frequency_penalties=full(0.1),
+            presence_penalties=full(0.1),
+            repetition_penalties=full(0.1),
+            output_token_ids=[[] for _ in range(rows)],
+            spec_token_ids=[[] for _ in range(rows)],
+            allowed_token_ids_mask=None,
+            bad_words_token_ids={},
+            logitsprocs=LogitsProcessors(),
+        )
         output = runner.sampler(logits=logits, sampling_metadata=metadata)
         seeded = {0: torch.Generator(device=runner.device).manual_seed(0)}
         runner.sampler(logits=logits, sampling_metadata=replace(metadata, generators=seeded))

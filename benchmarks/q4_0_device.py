@@ -92,8 +92,14 @@ def exactness(**tiles: int) -> dict:
             kernel.quantize(weight, 128, **tiles)
         except ValueError:
             refused += 1
-    return {"tiles": tiles, "cases": cases, "elements": elements, "non_finite_refused": refused,
-            "mismatching_cases": mismatches, "failures": failures[:20]}  # fmt: skip
+    return {
+        "tiles": tiles,
+        "cases": cases,
+        "elements": elements,
+        "non_finite_refused": refused,
+        "mismatching_cases": mismatches,
+        "failures": failures[:20],
+    }
 
 
 def cuda_time(fn, *args, repeats: int = 20, **kwargs) -> float:
@@ -166,8 +172,10 @@ def kernel_seconds(weight: torch.Tensor, tiles: dict, launches: int = 20) -> flo
 def speed() -> dict:
     copy_bw = copy_bandwidth()
     threads = torch.get_num_threads()
-    weights = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-               for name, n, k in LAYERS_27B_TP4}  # fmt: skip
+    weights = {
+        name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for name, n, k in LAYERS_27B_TP4
+    }
     sweep = []
     for tiles in TILES:
         per_layer = {name: kernel_seconds(w, tiles) for name, w in weights.items()}
@@ -185,20 +193,34 @@ def speed() -> dict:
         torch.set_num_threads(1)
         host_one = wall_time(host_path, weight)
         torch.set_num_threads(threads)
-        rows.append({
-            "layer": name, "n": n, "k": k, "bytes_moved": moved,
-            "kernel_s": kernel_s, "bandwidth": moved / kernel_s,
-            "fraction_of_copy": moved / kernel_s / copy_bw,
-            "same_size_copy_bandwidth": same_size_copy,
-            "fraction_of_same_size_copy": moved / kernel_s / same_size_copy,
-            "quantize_call_s": call_s,
-            "host_s_all_threads": host_all, "host_s_one_thread": host_one,
-            "speedup_all_threads": host_all / call_s, "speedup_one_thread": host_one / call_s,
-        })  # fmt: skip
+        rows.append(
+            {
+                "layer": name,
+                "n": n,
+                "k": k,
+                "bytes_moved": moved,
+                "kernel_s": kernel_s,
+                "bandwidth": moved / kernel_s,
+                "fraction_of_copy": moved / kernel_s / copy_bw,
+                "same_size_copy_bandwidth": same_size_copy,
+                "fraction_of_same_size_copy": moved / kernel_s / same_size_copy,
+                "quantize_call_s": call_s,
+                "host_s_all_threads": host_all,
+                "host_s_one_thread": host_one,
+                "speedup_all_threads": host_all / call_s,
+                "speedup_one_thread": host_one / call_s,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     sweep.sort(key=lambda row: row["total_s"])
-    return {"copy_bandwidth": copy_bw, "host_threads": threads, "tiles": tiles,
-            "layers": rows, "sweep_top": sweep[:8], "sweep_worst": sweep[-1]}  # fmt: skip
+    return {
+        "copy_bandwidth": copy_bw,
+        "host_threads": threads,
+        "tiles": tiles,
+        "layers": rows,
+        "sweep_top": sweep[:8],
+        "sweep_worst": sweep[-1],
+    }
 
 
 def main() -> None:

@@ -35,10 +35,10 @@ from pathlib import Path
 import host_release
 import report_table
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B, make_model
+from vllm_xpu_memfix.cli.monitor import Sampler
 from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
-from vllm_xpu_memfix.monitor import Sampler
 
 CASES = {"on": {"VLLM_XPU_MEMFIX": "1"}, "off": {"VLLM_PLUGINS": "none"}}
 MiB = 1024**2
@@ -118,16 +118,24 @@ def table(results: dict[str, list[dict]], rounds: int) -> list[str]:
         off = [r[metric] for r in results["off"]]
         fmt = "{:,.0f}" if max(on + off) >= 100 else "{:,.2f}"
         ratio = statistics.median(on) / statistics.median(off) if statistics.median(off) else None
-        rows.append([
-            metric,
-            ", ".join(fmt.format(v) for v in on),
-            ", ".join(fmt.format(v) for v in off),
-            fmt.format(statistics.median(on)),
-            fmt.format(statistics.median(off)),
-            "-" if ratio is None else f"{ratio:.3f}",
-        ])  # fmt: skip
-    header = ("metric", "plugin on (runs)", "plugin off (runs)", "median on", "median off",
-              "on / off")  # fmt: skip
+        rows.append(
+            [
+                metric,
+                ", ".join(fmt.format(v) for v in on),
+                ", ".join(fmt.format(v) for v in off),
+                fmt.format(statistics.median(on)),
+                fmt.format(statistics.median(off)),
+                "-" if ratio is None else f"{ratio:.3f}",
+            ]
+        )
+    header = (
+        "metric",
+        "plugin on (runs)",
+        "plugin off (runs)",
+        "median on",
+        "median off",
+        "on / off",
+    )
     return report_table.table(header, rows)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import host_release
 import report_table
 
-from vllm_xpu_memfix.demo.server import Server
+from vllm_xpu_memfix.cli.demo.server import Server
 
 PROBE_SIGNAL = signal.SIGRTMIN + 6
 MiB = 1024**2

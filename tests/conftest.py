@@ -6,19 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix.demo.server import Server
+from vllm_xpu_memfix.cli.demo.server import Server
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vllm_xpu_memfix.demo.tiny_model import make_model
+    from vllm_xpu_memfix.cli.demo.tiny_model import make_model
 
     return make_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vllm_xpu_memfix.demo.tiny_model import SMALL, make_model
+    from vllm_xpu_memfix.cli.demo.tiny_model import SMALL, make_model
 
     return make_model(tmp_path_factory.mktemp("small-model"), SMALL)
 

@@ -17,9 +17,16 @@ GiB = 1024**3
 B70, B60, NVIDIA_L4 = (0x8086, 0xE223), (0x8086, 0xE211), (0x10DE, 0x27B8)
 
 
-def build_host(root: Path, gpus: list[tuple[int, int]], *, runtime: str | None = "26.14.37833.4",
-               lib_build: str | None = None, mem_total_gib: int = 128,
-               mem_available_gib: float = 120.0, vram_gib: int | None = 32) -> Path:  # fmt: skip
+def build_host(
+    root: Path,
+    gpus: list[tuple[int, int]],
+    *,
+    runtime: str | None = "26.14.37833.4",
+    lib_build: str | None = None,
+    mem_total_gib: int = 128,
+    mem_available_gib: float = 120.0,
+    vram_gib: int | None = 32,
+) -> Path:
     drm = root / "sys/class/drm"
     drm.mkdir(parents=True)
     for index, (vendor, device) in enumerate(gpus):
@@ -79,17 +86,19 @@ def qwen_27b_like(directory: Path) -> Path:
     }
     for i in range(layers):
         p = f"model.layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": ("BF16", (6144, hidden)),
-            p + "self_attn.k_proj.weight": ("BF16", (1024, hidden)),
-            p + "self_attn.v_proj.weight": ("BF16", (1024, hidden)),
-            p + "self_attn.o_proj.weight": ("BF16", (hidden, 6144)),
-            p + "mlp.gate_proj.weight": ("BF16", (inter, hidden)),
-            p + "mlp.up_proj.weight": ("BF16", (inter, hidden)),
-            p + "mlp.down_proj.weight": ("BF16", (hidden, inter)),
-            p + "input_layernorm.weight": ("BF16", (hidden,)),
-            p + "post_attention_layernorm.weight": ("BF16", (hidden,)),
-        })  # fmt: skip
+        tensors.update(
+            {
+                p + "self_attn.q_proj.weight": ("BF16", (6144, hidden)),
+                p + "self_attn.k_proj.weight": ("BF16", (1024, hidden)),
+                p + "self_attn.v_proj.weight": ("BF16", (1024, hidden)),
+                p + "self_attn.o_proj.weight": ("BF16", (hidden, 6144)),
+                p + "mlp.gate_proj.weight": ("BF16", (inter, hidden)),
+                p + "mlp.up_proj.weight": ("BF16", (inter, hidden)),
+                p + "mlp.down_proj.weight": ("BF16", (hidden, inter)),
+                p + "input_layernorm.weight": ("BF16", (hidden,)),
+                p + "post_attention_layernorm.weight": ("BF16", (hidden,)),
+            }
+        )
     tensors["model.norm.weight"] = ("BF16", (hidden,))
     tensors["lm_head.weight"] = ("BF16", (vocab, hidden))
     write_sparse_checkpoint(directory, tensors, shards=18)

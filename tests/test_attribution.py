@@ -2,7 +2,12 @@
 
 import pytest
 
-from vllm_xpu_memfix.memory.attribution import SIGNIFICANT, attribute
+from vllm_xpu_memfix.memory.attribution import (
+    SIGNIFICANT,
+    Outside,
+    attribute,
+    outside_any_process,
+)
 from vllm_xpu_memfix.memory.snapshot import DrmUsage, Snapshot
 
 GiB = 1024**3
@@ -56,3 +61,12 @@ def test_missing_figures_leave_outside_unknown(missing):
     else:
         a = attribute(start, end, None, 2)
     assert a.outside_processes is None and a.cause == "anon"
+
+
+def test_outside_any_process_is_the_drop_less_the_trees_growth():
+    """The one computation that the ledger's attribution and monitor's system row share."""
+    assert outside_any_process(100 * GiB, 71 * GiB, 6 * GiB, 7 * GiB) == Outside(
+        mem_available_drop=29 * GiB, tree_anon_pss_growth=1 * GiB, outside_processes=28 * GiB
+    )
+    assert outside_any_process(100 * GiB, None, 6 * GiB, 7 * GiB).outside_processes is None
+    assert outside_any_process(100 * GiB, 99 * GiB, None, 7 * GiB) == Outside(1 * GiB, None, None)

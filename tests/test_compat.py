@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix import compat, config, fixes
-from vllm_xpu_memfix.cli import main
+from vllm_xpu_memfix import config, fixes
+from vllm_xpu_memfix.cli import compat, main
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_a_changed_signature_is_reported(tmp_path):
 def test_shipped_parameter_expectations_hold_where_they_can_be_read(vllm_root):
     """Every patch that reads its target's arguments says which; none is changed here."""
     readers = [p for p in fixes.all_patches() if p.params]
-    assert {p.fix for p in readers} == {"host_release", "device_quant"}
+    assert {p.fix for p in readers} == {"host_release", "device_quant", "load_lock"}
     for patch in fixes.all_patches():
         status = compat.target_status(vllm_root, patch.target, patch.params)
         assert not status.startswith("signature changed"), (patch.target, status)
@@ -83,7 +83,8 @@ def test_check_prints_each_fix_with_switch_and_status(vllm_root, capsys, clean_e
     assert main(["check"]) == 0
     out = capsys.readouterr().out
     assert "VLLM_XPU_MEMFIX_LEDGER" in out
-    rows = [line.split() for line in out.splitlines() if line.startswith("ledger ")]
+    rows = [line.split() for line in out.splitlines() if line.startswith("ledger  ")]
+    rows = [row for row in rows if "VLLM_XPU_MEMFIX_LEDGER" in row]
     assert len(rows) == len(fixes.ledger.patches(config.load({})))
     assert [
         "ledger",
@@ -92,6 +93,20 @@ def test_check_prints_each_fix_with_switch_and_status(vllm_root, capsys, clean_e
         "vllm.v1.worker.gpu_worker:Worker.load_model",
         "present",
     ] in rows
+
+
+def test_check_evaluates_each_fix_s_removal_condition_on_the_tree(tmp_path, capsys, clean_env):
+    """A tree whose base_loader trims itself: host_release's upstream change has landed."""
+    loader = tmp_path / "vllm/model_executor/model_loader/base_loader.py"
+    loader.parent.mkdir(parents=True)
+    loader.write_text("import ctypes\nctypes.CDLL('libc.so.6').malloc_trim(0)\n")
+    assert main(["check", "--source", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = out.splitlines()
+    line = next(row for row in rows if row.startswith("host_release") and "gives" in row)
+    assert line.endswith("landed ('malloc_trim' in vllm.model_executor.model_loader.base_loader)")
+    kv = next(row for row in rows if row.startswith("kv_headroom") and "keeps" in row)
+    assert kv.endswith("vllm.v1.worker.gpu_worker absent")
 
 
 def test_check_strict_fails_on_a_tree_without_the_targets(tmp_path, capsys, clean_env):

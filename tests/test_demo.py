@@ -1,4 +1,4 @@
-from vllm_xpu_memfix.demo import ledger_report, plugin_lines
+from vllm_xpu_memfix.cli.demo import ledger_report, plugin_lines
 
 LOG = """\
 (APIServer pid=1) INFO [api_utils.py:286] non-default args: {'model': 'vllm-xpu-memfix-demo/model'}

@@ -32,8 +32,9 @@ def stand_in_module(library=None, esimd: bool = False) -> types.ModuleType:
     module.library_calls = 0
     module.esimd_calls = 0
 
-    def ggml_quantize_tensor(weight, out_qweight, out_scale, out_features, in_features,
-                             block_size=128, transpose=True):  # fmt: skip
+    def ggml_quantize_tensor(
+        weight, out_qweight, out_scale, out_features, in_features, block_size=128, transpose=True
+    ):
         module.library_calls += 1
         q, s = (library or q4_0_reference.quantize)(weight, block_size)
         out_qweight.copy_(q)

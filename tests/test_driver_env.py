@@ -24,8 +24,9 @@ def test_sysfs_gives_intel_gpus_in_pci_order_without_connectors(tmp_path):
     root = build_host(tmp_path, [B70, NVIDIA_L4, B70])
     gpus = driver.intel_gpus(root)
     assert [(g.card, g.device_id, g.pci_slot) for g in gpus] == [
-        ("card1", 0xE223, "0000:03:00.0"), ("card3", 0xE223, "0000:05:00.0")
-    ]  # fmt: skip
+        ("card1", 0xE223, "0000:03:00.0"),
+        ("card3", 0xE223, "0000:05:00.0"),
+    ]
     assert all(g.is_battlemage and g.family == "Battlemage G31" for g in gpus)
     assert gpus[0].vram_bytes == 32 * 1024**3 and gpus[0].product == "Arc Pro B70"
 

@@ -50,7 +50,7 @@ SAME_MIB = 8
 
 @pytest.fixture(scope="module")
 def one_b_model(tmp_path_factory):
-    from vllm_xpu_memfix.demo.tiny_model import ONE_B, make_model
+    from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B, make_model
 
     return make_model(tmp_path_factory.mktemp("one-b"), ONE_B)
 
@@ -59,8 +59,12 @@ def resident_bytes(model: Path) -> int:
     """Page-cache bytes of the checkpoint, from util-linux fincore."""
     total = 0
     for shard in model.glob("*.safetensors"):
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", str(shard)],
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", str(shard)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         total += int(out.split()[0])
     return total
 
@@ -68,12 +72,16 @@ def resident_bytes(model: Path) -> int:
 def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env: str) -> dict:
     # A fresh directory per server: two runs of one case must not share ledgers.
     ledger = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"ledger-{case}-{release}-"))
-    server = serve(model, env={
-        "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
-        "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
-        "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
-        **env,
-    }, extra_args=CASES[case])  # fmt: skip
+    server = serve(
+        model,
+        env={
+            "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
+            "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
+            "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
+            **env,
+        },
+        extra_args=CASES[case],
+    )
     server.wait_ready(timeout_s=400)
     greedy = server.complete("Hello", max_tokens=4, temperature=0, logprobs=3)["choices"][0]
     log = server.log_text()
@@ -141,7 +149,7 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
     where this CPU prepacks bf16, else in float32, which oneDNN prepacks on AVX2 too."""
     from helpers.cpu_gemm import cpu_features, vllm_prepacks
 
-    from vllm_xpu_memfix.demo.tiny_model import ONE_B
+    from vllm_xpu_memfix.cli.demo.tiny_model import ONE_B
 
     case = next((c for c in ("bf16", "float32") if vllm_prepacks(VOCAB_DTYPE[c])), None)
     if case is None:
@@ -149,8 +157,9 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
     itemsize = VOCAB_DTYPE[case].itemsize
     matrix_mib = ONE_B.vocab_size * ONE_B.hidden_size * itemsize / MiB
     dropped = ready_row(serve, one_b_model, tmp_path, case, "on")
-    floor = ready_row(serve, one_b_model, tmp_path, case, "on",
-                      VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES="off")  # fmt: skip
+    floor = ready_row(
+        serve, one_b_model, tmp_path, case, "on", VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES="off"
+    )
     assert "unused vocab copies released 2" in dropped["log"]
     assert "unused vocab copies" not in floor["log"]
     beyond_floor = (floor["ready"] - dropped["ready"]) / MiB

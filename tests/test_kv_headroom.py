@@ -86,9 +86,13 @@ def test_triton_path_peaks_at_the_random_sample():
 
 @pytest.mark.parametrize(
     ("recording", "tp", "shapes"),
-    [("kv-headroom-h200.json", 1, 60), ("kv-headroom-h200-tp2.json", 2, 20),
-     ("kv-headroom-h200-tp4.json", 4, 20), ("kv-headroom-h200-tp8.json", 8, 20)],
-)  # fmt: skip
+    [
+        ("kv-headroom-h200.json", 1, 60),
+        ("kv-headroom-h200-tp2.json", 2, 20),
+        ("kv-headroom-h200-tp4.json", 4, 20),
+        ("kv-headroom-h200-tp8.json", 8, 20),
+    ],
+)
 def test_estimate_covers_every_shape_measured_on_the_h200(recording, tp, shapes):
     """Recorded H200 runs (docs/data/): vLLM's own Sampler, both top-k/top-p paths; TP 1:
     fp16/bf16, V in {32000, 151936, 248320}; TP 2/4/8 (one rank, its shard gathered by vLLM's
@@ -129,9 +133,12 @@ def test_scales_linearly_in_batch_and_vocab():
 
 @pytest.mark.parametrize(
     ("kwargs", "named"),
-    [({"num_reqs": 0}, "num_reqs"), ({"vocab_size": 0}, "vocab_size"),
-     ({"tp_size": 3, "vocab_size": 64}, "tp_size 3")],
-)  # fmt: skip
+    [
+        ({"num_reqs": 0}, "num_reqs"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"tp_size": 3, "vocab_size": 64}, "tp_size 3"),
+    ],
+)
 def test_bad_shapes_are_refused_with_the_field_named(kwargs, named):
     base = {"num_reqs": 8, "vocab_size": 32000, "logits_dtype_bytes": 2}
     with pytest.raises(ValueError, match=named):
@@ -266,8 +273,14 @@ def test_oversize_reserve_fails_with_the_numbers_and_the_ways_out(worker_with):
     with pytest.raises(kv_headroom.KVHeadroomError) as error:
         worker.determine_available_memory()
     message = str(error.value)
-    for fragment in ("377 MiB", "300 MiB", "256 requests", "--max-num-seqs",
-                     "--gpu-memory-utilization", "--kv-cache-memory-bytes"):  # fmt: skip
+    for fragment in (
+        "377 MiB",
+        "300 MiB",
+        "256 requests",
+        "--max-num-seqs",
+        "--gpu-memory-utilization",
+        "--kv-cache-memory-bytes",
+    ):
         assert fragment in message
 
 

@@ -69,11 +69,36 @@ def test_the_vllm_flag_wins_and_on_forces_the_lock():
     )
 
 
-def test_a_load_format_that_runs_a_collective_never_queues():
-    config_ = parallel(workers=1)
-    config_.load_config = SimpleNamespace(load_format="runai_streamer_sharded")
-    slots, why = load_lock.decide(config.load({}), model_with("cpu"), config_)
-    assert slots is None and "runs a collective while loading" in why
+@pytest.mark.parametrize(
+    ("feature", "reason"),
+    [
+        ({"load_format": "runai_streamer_sharded"}, "runs a collective while loading"),
+        ({"load_format": "fastsafetensors"}, "runs a collective while loading"),
+        ({"decode_context_parallel_size": 2}, "decode context parallel all-gathers"),
+        ({"enable_expert_parallel": True}, "all-to-all handles"),
+    ],
+)
+def test_a_load_that_runs_a_collective_never_queues_even_with_the_flag(feature, reason):
+    vllm_config = parallel(workers=1)
+    vllm_config.load_config = SimpleNamespace(load_format=feature.get("load_format", "auto"))
+    for name in ("decode_context_parallel_size", "enable_expert_parallel"):
+        if name in feature:
+            setattr(vllm_config.parallel_config, name, feature[name])
+    slots, why = load_lock.decide(config.load({}), model_with("cpu"), vllm_config)
+    assert slots is None and reason in why
+
+
+def test_vllms_online_quantization_never_queues_at_tp_above_one():
+    class Online:
+        pass
+
+    Online.__module__ = "vllm.model_executor.layers.quantization.online.fp8"
+    model = model_with("meta")
+    model.layer.quant_method = Online()
+    vllm_config = parallel(workers=2)
+    vllm_config.parallel_config.tensor_parallel_size = 2
+    slots, why = load_lock.decide(config.load({}), model, vllm_config)
+    assert slots is None and "all-reduces weight scales" in why
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "nan", "inf", "", "1025", str(10**29)])
@@ -123,8 +148,13 @@ def test_a_queue_longer_than_the_collective_timeout_is_warned_about(caplog):
     section = load_lock.LoadSection(config.load({}))
     section.vllm_config = parallel(world_size=4)
     section.vllm_config.parallel_config.distributed_timeout_seconds = 100
+    holding = Holding(0, 0.0, "", held_s=30.0)
     with caplog.at_level(logging.WARNING):
-        section._warn_if_the_queue_outlasts_the_timeout(Holding(0, 0.0, "", held_s=30.0))
+        # The multiprocessing executor waits for every rank's load without a time-out.
+        section._warn_if_the_queue_outlasts_the_timeout(holding)
+        assert not caplog.records
+        section.vllm_config.parallel_config.distributed_executor_backend = "external_launcher"
+        section._warn_if_the_queue_outlasts_the_timeout(holding)
     line = next(r.getMessage() for r in caplog.records)
     assert "4 ranks loading 1 at a time" in line and "about 90 s" in line
     assert "--distributed-timeout-seconds" in line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import signal
 import struct
@@ -11,11 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+from helpers.refusing_proc import RefusingReader
 
-from vllm_xpu_memfix import monitor
-from vllm_xpu_memfix.cli import main
-from vllm_xpu_memfix.plot import PlotError, plot, read_ledger_phases
+from vllm_xpu_memfix.cli import main, monitor
+from vllm_xpu_memfix.cli.plot import PlotError, plot, read_ledger_phases
 
 MiB = 1024**2
 
@@ -69,8 +71,9 @@ def test_plot_draws_a_png_of_the_expected_size_with_ledger_marks(tree_run, tmp_p
         )
     )
     assert read_ledger_phases(ledger) == [
-        (t0, "process start"), (t0 + 1.5, "weights loaded / weights processed")
-    ]  # fmt: skip
+        (t0, "process start"),
+        (t0 + 1.5, "weights loaded / weights processed"),
+    ]
     png = plot(csv_path, tmp_path / "out.png", ledger)
     assert png_size(png) == (1200, 650)
     assert png.stat().st_size > 20_000
@@ -98,10 +101,24 @@ def test_monitor_forwards_sigterm_and_exits_with_the_childs_code(tmp_path):
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm_xpu_memfix.cli", "monitor", "--interval", "0.1",
-         "--out", str(tmp_path), "--", sys.executable, "-c", child],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm_xpu_memfix.cli",
+            "monitor",
+            "--interval",
+            "0.1",
+            "--out",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "up"
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
@@ -123,3 +140,56 @@ def test_monitor_usage_errors(argv, code, message, tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     assert main(argv) == code
     assert message in capsys.readouterr().err
+
+
+# A parent and a child that both sleep; the parent prints the child's pid.
+PAIR = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+@pytest.fixture
+def pair():
+    parent = subprocess.Popen([sys.executable, "-c", PAIR], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    yield parent.pid, child
+    psutil.Process(child).kill()
+    parent.wait(timeout=20)
+
+
+def test_a_process_hidden_from_us_stays_in_the_tree_and_is_reported_once(pair, monkeypatch):
+    """hidepid=1 or another user's process: its /proc files and psutil's cmdline are
+    refused (EACCES); the process is still there, so it stays, counted as unreadable."""
+    parent, child = pair
+    hidden_cmdline = psutil.Process.cmdline
+
+    def cmdline(self):
+        if self.pid == child:
+            raise psutil.AccessDenied(self.pid)
+        return hidden_cmdline(self)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", cmdline)
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    sampler = monitor.Sampler(parent, RefusingReader("/", child, denied))
+    for _ in range(3):
+        rows, system = sampler.sample()
+    by_pid = {row["pid"]: row for row in rows}
+    assert set(by_pid) == {parent, child}
+    assert by_pid[child]["rss"] is None and by_pid[child]["pss"] is None
+    assert by_pid[child]["denied"] == "status, smaps_rollup, cgroup, fdinfo"
+    assert by_pid[parent]["rss"] > 0 and by_pid[parent]["denied"] == ""
+    assert system["rss"] == by_pid[parent]["rss"]
+    report = sampler.peaks.report()
+    assert "not allowed to read 1 process(es)" in report
+    assert report.count(f"({child})") == 1, report
+    assert f"({parent})" in report
+
+
+def test_a_process_gone_between_listing_and_reading_leaves_the_tree(pair):
+    parent, child = pair
+    gone = ProcessLookupError(errno.ESRCH, "No such process")
+    rows, _ = monitor.Sampler(parent, RefusingReader("/", child, gone)).sample()
+    assert [row["pid"] for row in rows] == [parent]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vllm_xpu_memfix.demo.tiny_model import parameter_bytes
+from vllm_xpu_memfix.cli.demo.tiny_model import parameter_bytes
 from vllm_xpu_memfix.memory.ledger import PHASES, PSS_PHASES
 
 pytest.importorskip("vllm")
@@ -103,11 +103,28 @@ def test_demo_under_monitor_reports_ledger_csv_and_picture(tmp_path, clean_env):
     """The README's main job, run under `monitor`: covers a real start of all three roles."""
     workdir, monitor_dir = tmp_path / "demo", tmp_path / "monitor"
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_xpu_memfix.cli", "monitor", "--interval", "0.5",
-         "--out", str(monitor_dir), "--",
-         sys.executable, "-m", "vllm_xpu_memfix.cli", "demo", "--workdir", str(workdir)],
-        capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vllm_xpu_memfix.cli",
+            "monitor",
+            "--interval",
+            "0.5",
+            "--out",
+            str(monitor_dir),
+            "--",
+            sys.executable,
+            "-m",
+            "vllm_xpu_memfix.cli",
+            "demo",
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for phase in PHASES:

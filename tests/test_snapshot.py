@@ -1,9 +1,11 @@
 """The snapshot reader on recorded (cpu-vm-v1) and constructed (xe-cgroup-v2) trees.
 See tests/data/proc/README.md for where each file came from."""
 
+import errno
 from pathlib import Path
 
 import pytest
+from helpers.refusing_proc import RefusingReader
 
 from vllm_xpu_memfix.memory import snapshot
 from vllm_xpu_memfix.memory.snapshot import ProcReader, parse_drm_fdinfo, parse_size
@@ -49,6 +51,14 @@ def test_recorded_cpu_vm_process():
     assert snap.drm is None, "an fdinfo without drm-driver is not a DRM client"
 
 
+def test_anon_pss_is_anonymous_plus_shmem_for_a_snapshot_and_for_the_tree_sum():
+    reader = ProcReader(DATA / "cpu-vm-v1")
+    snap = reader.take(4242)
+    assert snap.anon_pss == snap.pss_anon + (snap.pss_shmem or 0)
+    assert reader.process_anon_pss("4242") == snap.anon_pss
+    assert reader.take(4242, pss=False).anon_pss is None
+
+
 def test_constructed_xe_process_counts_each_drm_client_once():
     snap = ProcReader(DATA / "xe-cgroup-v2").take(777)
     assert snap.drm is not None
@@ -68,6 +78,45 @@ def test_missing_files_give_none_not_errors(tmp_path):
     snap = ProcReader(tmp_path).take(1)
     assert snap.rss_anon is None and snap.mem_available is None and snap.drm is None
     assert snap.cgroup_current is None and snap.cgroup_max is None
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
+def test_a_process_whose_files_are_refused_is_denied_not_gone(code):
+    """hidepid, or another user's process: the kernel says EACCES/EPERM, as psutil's
+    AccessDenied; the process exists, and the system figures are still read."""
+    error = PermissionError(code, "Permission denied")
+    snap = RefusingReader(DATA / "cpu-vm-v1", 4242, error).take(4242)
+    assert not snap.gone
+    assert snap.denied == ("status", "smaps_rollup", "cgroup", "fdinfo")
+    assert snap.rss_anon is None and snap.pss is None and snap.cgroup_current is None
+    assert snap.mem_available is not None and snap.mem_available > 0
+    assert "denied" not in snap.as_dict() and "gone" not in snap.as_dict()
+
+
+def test_a_process_that_is_gone_is_gone_not_denied(tmp_path):
+    """psutil's NoSuchProcess: ESRCH, or the files fail because /proc/<pid> is gone."""
+    esrch = ProcessLookupError(errno.ESRCH, "No such process")
+    snap = RefusingReader(DATA / "cpu-vm-v1", 4242, esrch).take(4242)
+    assert snap.gone and snap.denied == ()
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemAvailable:  1024 kB\n")
+    snap = ProcReader(tmp_path).take(4242)
+    assert snap.gone and snap.denied == () and snap.mem_available == 1024 * KiB
+
+
+def test_a_missing_file_of_a_live_process_is_neither_gone_nor_denied():
+    """ENOENT while /proc/<pid> is there: a file this kernel lacks, not an exit."""
+    enoent = FileNotFoundError(errno.ENOENT, "No such file or directory")
+    snap = RefusingReader(DATA / "cpu-vm-v1", 4242, enoent).take(4242)
+    assert not snap.gone and snap.denied == () and snap.rss_anon is None
+
+
+def test_a_zombie_is_gone(tmp_path):
+    process = tmp_path / "proc" / "5"
+    process.mkdir(parents=True)
+    (process / "status").write_text("Name:\tpython\nState:\tZ (zombie)\nPid:\t5\n")
+    snap = ProcReader(tmp_path).take(5)
+    assert snap.gone and snap.rss_anon is None
 
 
 def test_unreadable_fdinfo_is_skipped(tmp_path):

@@ -27,7 +27,7 @@ pytest.importorskip("vllm")
 
 from helpers.cpu_gemm import cpu_features, vllm_prepacks  # noqa: E402
 
-from vllm_xpu_memfix.demo.server import free_port  # noqa: E402
+from vllm_xpu_memfix.cli.demo.server import free_port  # noqa: E402
 from vllm_xpu_memfix.memory.vocab_copies import (  # noqa: E402
     holds_packed_copy,
     release_unused_vocab_copies,
@@ -45,9 +45,12 @@ def vllm_world():
 
     with set_current_vllm_config(VllmConfig()):
         parallel_state.init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
             distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-        )  # fmt: skip
+        )
         parallel_state.initialize_model_parallel(1, 1)
         yield
         parallel_state.destroy_model_parallel()
@@ -137,10 +140,12 @@ def test_tied_model_keeps_the_shared_weight_and_drops_the_embedding_packed_copy(
     [
         ({"lora_config": object()}, "LoRA"),
         ({"speculative_config": object()}, "draft model"),
-        ({"model_config": SimpleNamespace(head_dtype=torch.float32, dtype=torch.bfloat16)},
-         "head_dtype"),
+        (
+            {"model_config": SimpleNamespace(head_dtype=torch.float32, dtype=torch.bfloat16)},
+            "head_dtype",
+        ),
     ],
-)  # fmt: skip
+)
 def test_engine_features_that_read_the_head_weight_keep_it(overrides, reason, dtype):
     from helpers.vocab_models import CausalLM, process
 
@@ -228,8 +233,9 @@ def test_a_model_class_without_readable_source_keeps_the_head_weight(dtype):
         assert_left_alone(model, result, before)
         return
     assert model.lm_head.weight.numel() > 0
-    assert result.kept == ["lm_head.weight: the model's source cannot be read to rule out "
-                           "lm_head.weight readers"]  # fmt: skip
+    assert result.kept == [
+        "lm_head.weight: the model's source cannot be read to rule out lm_head.weight readers"
+    ]
 
 
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -243,18 +249,40 @@ def test_the_same_module_passes_with_onednn_limited_to_avx2():
     env = {**os.environ, **AVX2_ONLY}
     tests = Path(__file__).parent
     probe = subprocess.run(
-        [sys.executable, "-c", "import torch; from helpers.cpu_gemm import vllm_prepacks; "
-         "print(vllm_prepacks(torch.bfloat16), vllm_prepacks(torch.float32))"],
-        env={**env, "PYTHONPATH": str(tests)}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import torch; from helpers.cpu_gemm import vllm_prepacks; "
+            "print(vllm_prepacks(torch.bfloat16), vllm_prepacks(torch.float32))",
+        ],
+        env={**env, "PYTHONPATH": str(tests)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert probe.returncode == 0, probe.stderr[-2000:]
     if probe.stdout.split()[-2] == "True":
-        pytest.skip(f"oneDNN builds a bf16 matmul here even when limited to AVX2 "
-                    f"({cpu_features()}): no fallback path to run")  # fmt: skip
+        pytest.skip(
+            f"oneDNN builds a bf16 matmul here even when limited to AVX2 "
+            f"({cpu_features()}): no fallback path to run"
+        )
     child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "not limited_to_avx2"],
-        env=env, cwd=tests.parent, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "not limited_to_avx2",
+        ],
+        env=env,
+        cwd=tests.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == 0, child.stdout[-4000:]
     assert " passed" in child.stdout and "failed" not in child.stdout

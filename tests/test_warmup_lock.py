@@ -183,7 +183,7 @@ def test_bad_slot_counts_are_refused(value):
 def test_only_allow_listed_process_local_warmups_are_wrapped():
     """Fails if a patch wraps a name off the allow-list, or an allow-listed name is called
     where kernel_warmup may already have run collectives (after `if process_local_only`)."""
-    from vllm_xpu_memfix import compat
+    from vllm_xpu_memfix.cli import compat
 
     for patch in warmup_lock.patches(config.load({})):
         module, _, name = patch.target.partition(":")
@@ -236,8 +236,24 @@ def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatc
         holder.wait()
 
 
-def test_default_lock_dir_is_per_user():
-    assert config.load({"XDG_RUNTIME_DIR": "/run/user/1000"}).lock_dir == Path(
-        "/run/user/1000/vllm-xpu-memfix"
-    )
-    assert config.load({}).lock_dir == Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")
+def test_two_users_get_two_lock_directories_each_created_private(tmp_path, monkeypatch):
+    """Users differ by XDG_RUNTIME_DIR, or by uid where it is unset: never one directory
+    for two of them; and the lock code creates the directory (and a missing parent) 0700."""
+    runtime_a, runtime_b = tmp_path / "run-a", tmp_path / "run-b"
+    dir_a = config.load({"XDG_RUNTIME_DIR": str(runtime_a)}).lock_dir
+    dir_b = config.load({"XDG_RUNTIME_DIR": str(runtime_b)}).lock_dir
+    assert dir_a != dir_b
+
+    def lock_dir_of(uid: int) -> Path:
+        monkeypatch.setattr(os, "geteuid", lambda: uid)
+        monkeypatch.setattr(os, "getuid", lambda: uid)
+        return config.load({}).lock_dir
+
+    assert lock_dir_of(1000) != lock_dir_of(1001)
+    monkeypatch.undo()
+
+    with HostSemaphore(dir_a, "warmup", 1).hold(timeout_s=1) as holding:
+        assert holding.acquired
+    assert dir_a.is_dir() and not dir_b.exists()
+    assert (dir_a.stat().st_mode & 0o777) == 0o700
+    assert (runtime_a.stat().st_mode & 0o777) == 0o700

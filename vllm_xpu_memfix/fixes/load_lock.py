@@ -68,7 +68,10 @@ REMOVE_WHEN = RemoveWhen(
 )
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 _LOADER = "vllm.model_executor.model_loader.base_loader"
-COLLECTIVE_LOAD_FORMATS = ("runai_streamer",)
+# Load formats whose loaders run collectives (0.32 weight_utils: fastsafetensors on the
+# world group, instanttensor on the world device group; 0.34 runai_streamer_loader).
+COLLECTIVE_LOAD_FORMATS = ("runai_streamer", "fastsafetensors", "instanttensor")
+ONLINE_QUANTIZATION = "vllm.model_executor.layers.quantization.online"
 
 
 def host_staged_bytes(model: Any) -> tuple[int, int]:
@@ -90,13 +93,41 @@ def host_staged_bytes(model: Any) -> tuple[int, int]:
     return total, layers
 
 
-def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None, str]:
-    """How many slots to queue on (None: no lock), and why."""
+def collective_in_section(model: Any, vllm_config: Any) -> str | None:
+    """Why this load runs a collective between construction and processing, if it does.
+
+    The default loader, the generic processing loop and sym_int4 run none (vLLM 0.26 to
+    0.34, docs/load-lock.md); these features do, and a rank queued for a slot would then
+    hold its peers inside that collective.
+    """
     load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", ""))
     if load_format.startswith(COLLECTIVE_LOAD_FORMATS):
-        # vLLM 0.34's RunAI streamer loader all-gathers the file selection across the
-        # world group inside load_weights: a queued rank would hold its peers there.
-        return None, f"--load-format {load_format} runs a collective while loading"
+        return f"--load-format {load_format} runs a collective while loading"
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if getattr(parallel, "decode_context_parallel_size", 1) > 1:
+        return "MLA with decode context parallel all-gathers while processing weights"
+    if getattr(parallel, "enable_expert_parallel", False):
+        return "expert-parallel MoE builds its all-to-all handles while processing weights"
+    online = next(
+        (
+            type(method).__name__
+            for module in model.modules()
+            if type(method := getattr(module, "quant_method", None)).__module__.startswith(
+                ONLINE_QUANTIZATION
+            )
+        ),
+        None,
+    )
+    if online is not None and getattr(parallel, "tensor_parallel_size", 1) > 1:
+        return f"vLLM's online quantization ({online}) all-reduces weight scales while loading"
+    return None
+
+
+def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None, str]:
+    """How many slots to queue on (None: no lock), and why."""
+    collective = collective_in_section(model, vllm_config)
+    if collective is not None:
+        return None, f"{collective}, so a rank must not wait for a slot there"
     parallel = getattr(vllm_config, "parallel_config", None)
     flag = getattr(parallel, "max_parallel_loading_workers", None)
     if flag:
@@ -113,13 +144,17 @@ def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None
 
 
 def distributed_timeout_s(vllm_config: Any) -> float:
-    """The collective time-out the ranks that finish first wait under, in seconds."""
+    """The process-group time-out of the ranks that finish first, in seconds: the user's
+    ``--distributed-timeout-seconds``, else torch's default (10 min for NCCL and XCCL,
+    30 min for gloo, which the CPU build uses)."""
     seconds = getattr(vllm_config.parallel_config, "distributed_timeout_seconds", None)
     if seconds:
         return float(seconds)
-    from torch.distributed.constants import default_pg_timeout
+    from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
-    return default_pg_timeout.total_seconds()
+    device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "cpu"))
+    default = default_pg_timeout if device == "cpu" else default_pg_nccl_timeout
+    return default.total_seconds() if default is not None else 600.0
 
 
 class LoadSection:
@@ -196,8 +231,17 @@ class LoadSection:
         self._warn_if_the_queue_outlasts_the_timeout(holding)
 
     def _warn_if_the_queue_outlasts_the_timeout(self, holding: Holding) -> None:
-        """Ranks that finished wait in profiling's collectives for the last one to load."""
+        """Warn where ranks that finished loading wait for the last one inside a collective.
+
+        vLLM's multiprocessing and Ray executors wait for every worker's ``load_model``
+        before profiling, with no time-out. Under ``external_launcher`` (torchrun) and
+        with several data-parallel engines on the host, finished ranks go on into
+        profiling's collectives, bounded by the process-group time-out.
+        """
         parallel = self.vllm_config.parallel_config
+        backend = getattr(parallel, "distributed_executor_backend", None)
+        if backend != "external_launcher" and getattr(parallel, "data_parallel_size", 1) <= 1:
+            return
         ranks_per_host = max(1, parallel.world_size // max(1, getattr(parallel, "nnodes", 1)))
         slots = getattr(parallel, "max_parallel_loading_workers", None) or self.settings.load_slots
         waves = -(-ranks_per_host // slots)

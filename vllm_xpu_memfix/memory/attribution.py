@@ -27,8 +27,39 @@ CAUSES = {
 }
 
 
+def _change(before: int | None, after: int | None) -> int | None:
+    return None if before is None or after is None else after - before
+
+
 def _delta(before: int | None, after: int | None) -> int:
-    return 0 if before is None or after is None else after - before
+    return _change(before, after) or 0
+
+
+@dataclass(frozen=True)
+class Outside:
+    """Memory the system lost that no process of the tree maps, between two moments."""
+
+    mem_available_drop: int | None
+    tree_anon_pss_growth: int | None
+    outside_processes: int | None
+
+
+def outside_any_process(
+    mem_available_start: int | None,
+    mem_available_end: int | None,
+    tree_anon_pss_start: int | None,
+    tree_anon_pss_end: int | None,
+) -> Outside:
+    """Memory outside any process: the MemAvailable drop minus the growth of the
+    process tree's anonymous + shmem PSS, i.e. memory the system lost that no process
+    of the tree maps. File pages are left out on both sides, since MemAvailable counts page
+    cache as available. Other processes on the host add noise. ``None`` where a figure
+    is unknown.
+    """
+    drop = _change(mem_available_end, mem_available_start)
+    growth = _change(tree_anon_pss_start, tree_anon_pss_end)
+    outside = None if drop is None or growth is None else drop - growth
+    return Outside(drop, growth, outside)
 
 
 @dataclass(frozen=True)
@@ -52,28 +83,31 @@ def attribute(
 ) -> Attribution:
     """Split host growth from ``start`` to ``end`` and name the largest part's cause.
 
-    "Outside any process" is the MemAvailable drop minus the growth of the vLLM
-    process tree's anonymous + shmem PSS: memory the system lost that no vLLM
-    process maps. File pages are left out on both sides, since MemAvailable
-    counts page cache as available. Other processes on the host add noise.
+    The vLLM process tree's share is given by its anonymous + shmem PSS at both ends;
+    see :func:`outside_any_process`.
     """
     anon = _delta(start.rss_anon, end.rss_anon)
     file = _delta(start.rss_file, end.rss_file)
     page_cache = _delta(start.cached, end.cached)
-    drop = None
-    if start.mem_available is not None and end.mem_available is not None:
-        drop = start.mem_available - end.mem_available
-    tree = None
-    if tree_anon_pss_start is not None and tree_anon_pss_end is not None:
-        tree = tree_anon_pss_end - tree_anon_pss_start
-    outside = None if drop is None or tree is None else drop - tree
+    outside = outside_any_process(
+        start.mem_available, end.mem_available, tree_anon_pss_start, tree_anon_pss_end
+    )
     drm_gtt = _delta(start.drm.total_gtt if start.drm else 0, end.drm.total_gtt if end.drm else 0)
     parts = {
-        "outside": max(outside or 0, drm_gtt),
+        "outside": max(outside.outside_processes or 0, drm_gtt),
         "anon": anon,
         "file": max(file, page_cache),
     }
     cause = max(parts, key=lambda k: parts[k])
     if parts[cause] < SIGNIFICANT:
         cause = "none"
-    return Attribution(anon, file, page_cache, tree, drop, outside, drm_gtt, cause)
+    return Attribution(
+        anon,
+        file,
+        page_cache,
+        outside.tree_anon_pss_growth,
+        outside.mem_available_drop,
+        outside.outside_processes,
+        drm_gtt,
+        cause,
+    )

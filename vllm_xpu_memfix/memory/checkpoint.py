@@ -8,8 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-               "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -28,8 +40,11 @@ class Tensor:
     def is_linear_weight(self) -> bool:
         """A 2-D projection weight, the kind on-the-fly weight quantization converts."""
         excluded = ("embed", "lm_head", "norm")
-        return (len(self.shape) == 2 and self.name.endswith(".weight")
-                and not any(word in self.name for word in excluded))  # fmt: skip
+        return (
+            len(self.shape) == 2
+            and self.name.endswith(".weight")
+            and not any(word in self.name for word in excluded)
+        )
 
 
 @dataclass(frozen=True)
@@ -91,8 +106,9 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
     return Checkpoint(directory, shards, tuple(tensors), config)
 
 
-def write_sparse_checkpoint(directory: Path, tensors: dict[str, tuple[str, tuple[int, ...]]],
-                            shards: int = 1) -> Checkpoint:  # fmt: skip
+def write_sparse_checkpoint(
+    directory: Path, tensors: dict[str, tuple[str, tuple[int, ...]]], shards: int = 1
+) -> Checkpoint:
     """Write real safetensors headers whose data regions are file holes (no disk used).
 
     For tests and bug reports: a checkpoint of any size that ``read_checkpoint`` and

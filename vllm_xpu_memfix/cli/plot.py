@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,12 @@ def read_monitor_csv(
     with path.open(newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             if row["pid"] == "system":
-                system.append({k: _number(v) if k not in ("pid", "label", "role") else v
-                               for k, v in row.items()})  # fmt: skip
+                system.append(
+                    {
+                        k: _number(v) if k not in ("pid", "label", "role") else v
+                        for k, v in row.items()
+                    }
+                )
                 continue
             value = _number(row["pss"]) or _number(row["rss"]) or 0.0
             series[row["pid"]].append((float(row["t"]), value))
@@ -104,3 +110,20 @@ def plot(csv_path: Path, out: Path, ledger_dir: Path | None = None) -> Path:
     fig.savefig(out, dpi=DPI)
     plt.close(fig)
     return out
+
+
+def main(args: argparse.Namespace) -> int:
+    csv_path = Path(args.csv)
+    if not csv_path.is_file():
+        print(f"plot: no such file: {csv_path}", file=sys.stderr)
+        return 2
+    ledger = Path(args.ledger) if args.ledger else None
+    if ledger is not None and not ledger.is_dir():
+        print(f"plot: --ledger {ledger} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        print(f"plot: wrote {plot(csv_path, Path(args.output), ledger)}")
+    except PlotError as exc:
+        print(f"plot: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.demo.tiny_model import make_model
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.demo.tiny_model import make_model
 
 DEFAULT_WORKDIR = Path("vllm-xpu-memfix-demo")
 
@@ -26,21 +27,24 @@ def ledger_report(log_text: str) -> list[str]:
     lines = log_text.splitlines()
     for i, line in enumerate(lines):
         if "host-memory ledger" in line:
-            end = next(j for j in range(i + 1, len(lines) + 1)
-                       if j == len(lines) or "attribution since" in lines[j])  # fmt: skip
+            end = next(
+                j
+                for j in range(i + 1, len(lines) + 1)
+                if j == len(lines) or "attribution since" in lines[j]
+            )
             return lines[i : end + 1]
     return []
 
 
 def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print) -> int:
-    from vllm_xpu_memfix import monitor
+    from vllm_xpu_memfix.cli import monitor
 
     workdir.mkdir(parents=True, exist_ok=True)
     say(f"[1/4] making a tiny random Qwen3 model in {workdir / 'model'}")
     model = make_model(workdir / "model")
-    log_path, csv_path, ledger_dir = (
-        workdir / "server.log", workdir / "monitor.csv", workdir / "ledger"
-    )  # fmt: skip
+    log_path = workdir / "server.log"
+    csv_path = workdir / "monitor.csv"
+    ledger_dir = workdir / "ledger"
     for old in ledger_dir.glob("ledger-*.jsonl"):
         old.unlink()
     say(f"[2/4] starting vLLM's OpenAI server with the plugin (log: {log_path})")
@@ -71,10 +75,14 @@ def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print
     for line in ledger_report(log_text):
         say(f"      {line}")
     say(f"[4/4] host memory over time: {csv_path}")
-    from vllm_xpu_memfix.plot import PlotError, plot
+    from vllm_xpu_memfix.cli.plot import PlotError, plot
 
     try:
         say(f"      picture: {plot(csv_path, workdir / 'host-memory.png', ledger_dir)}")
     except PlotError as exc:
         say(f"      no picture: {exc}")
     return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_demo(Path(args.workdir))

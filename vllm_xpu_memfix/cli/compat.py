@@ -31,6 +31,12 @@ def _module_file(root: Path, module: str) -> Path | None:
     return None
 
 
+def module_source(root: Path, module: str) -> str | None:
+    """The source text of ``module`` in the tree under ``root``; None when it is absent."""
+    path = _module_file(root, module)
+    return path.read_text(encoding="utf-8") if path is not None else None
+
+
 def _names_bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
     """Names a module or class body binds, including in module-level ``if``/``try`` branches
     (a module may define a function only in some configurations)."""

@@ -1,13 +1,17 @@
 """``vllm-xpu-memfix monitor``: run a command and sample its process tree's host memory.
 
 Writes one CSV row per process per sample plus one ``system`` row per sample.
+A process whose /proc files the kernel refuses to us (``hidepid``, another
+user's) stays in the tree with empty figures and the refused files in ``denied``;
+the report names it once. Only a process that is gone leaves the tree.
 The system row carries "outside any process": the MemAvailable drop since the
 first sample minus the growth of the tree's anonymous + shmem PSS, the
-signature of driver-pinned host memory (see ``memory.attribution``).
+signature of driver-pinned host memory (``memory.attribution.outside_any_process``).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import signal
@@ -17,21 +21,42 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import psutil
 
-from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader
+from vllm_xpu_memfix.memory.attribution import outside_any_process
+from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader, Snapshot
 from vllm_xpu_memfix.memory.tree import role_of
 from vllm_xpu_memfix.units import MiB
 
 COLUMNS = (
-    "ts", "t", "pid", "label", "role", "rss", "rss_anon", "rss_file", "rss_shmem", "pss",
+    "ts",
+    "t",
+    "pid",
+    "label",
+    "role",
+    "rss",
+    "rss_anon",
+    "rss_file",
+    "rss_shmem",
+    "pss",
     "anon_pss",
-    "drm_total_gtt", "drm_total_vram", "mem_total", "mem_available", "cached", "committed_as",
-    "swap_used", "cgroup_current", "cgroup_max", "gpu_active", "outside_processes",
-)  # fmt: skip
+    "drm_total_gtt",
+    "drm_total_vram",
+    "mem_total",
+    "mem_available",
+    "cached",
+    "committed_as",
+    "swap_used",
+    "cgroup_current",
+    "cgroup_max",
+    "gpu_active",
+    "outside_processes",
+    "denied",
+)
 _TITLE = re.compile(r"\w+::(\S+)")
+T = TypeVar("T")
 
 
 def label_of(pid: int, cmdline: list[str], name: str) -> str:
@@ -49,14 +74,19 @@ class Peaks:
     outside_processes: int = 0
     per_process: dict[int, int] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
+    # Processes whose files the kernel refused, with the files, as last seen.
+    unreadable: dict[int, str] = field(default_factory=dict)
 
     def update(self, rows: list[dict[str, Any]], system: dict[str, Any]) -> None:
         self.summed_rss = max(self.summed_rss, sum(r["rss"] or 0 for r in rows))
         self.summed_pss = max(self.summed_pss, sum(r["pss"] or 0 for r in rows))
         self.outside_processes = max(self.outside_processes, system["outside_processes"] or 0)
         for r in rows:
-            self.per_process[r["pid"]] = max(self.per_process.get(r["pid"], 0), r["rss"] or 0)
             self.labels[r["pid"]] = r["label"]
+            if r["denied"]:
+                self.unreadable[r["pid"]] = r["denied"]
+            if r["rss"] is not None:
+                self.per_process[r["pid"]] = max(self.per_process.get(r["pid"], 0), r["rss"])
 
     def report(self) -> str:
         lines = [
@@ -68,7 +98,27 @@ class Peaks:
         ]
         for pid, rss in sorted(self.per_process.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {self.labels[pid]:<32} {rss / MiB:>10,.0f} MiB")
+        if self.unreadable:
+            lines.append(
+                f"not allowed to read {len(self.unreadable)} process(es) (hidepid, or another "
+                "user's); kept in the tree with their figures left empty:"
+            )
+            for pid, denied in sorted(self.unreadable.items()):
+                lines.append(f"  {self.labels[pid]:<32} refused: {denied}")
         return "\n".join(lines)
+
+
+def _allowed(read: Callable[[], T], default: T) -> T:
+    """``read()``, or ``default`` where the kernel refuses it; a gone process still raises."""
+    try:
+        return read()
+    except psutil.AccessDenied:
+        return default
+
+
+def _rss(snap: Snapshot) -> int | None:
+    parts = (snap.rss_anon, snap.rss_file, snap.rss_shmem)
+    return None if all(v is None for v in parts) else sum(v or 0 for v in parts)
 
 
 class Sampler:
@@ -95,27 +145,34 @@ class Sampler:
         rows: list[dict[str, Any]] = []
         for proc in self.processes():
             try:
-                cmdline, name = proc.cmdline(), proc.name()
-            except psutil.Error:
+                cmdline: list[str] = _allowed(proc.cmdline, [])
+                name = _allowed(proc.name, "unknown")
+            except psutil.NoSuchProcess:  # and zombies: exited after listing
                 continue
             snap = self.reader.take(proc.pid)
-            if snap.rss_anon is None:  # exited between listing and reading
+            if snap.gone:  # exited between listing and reading
                 continue
             role = role_of(cmdline)
             if role != "other" or proc.pid not in self.labels:
                 self.labels[proc.pid] = label_of(proc.pid, cmdline, name)
-            anon_pss = None
-            if snap.pss_anon is not None:
-                anon_pss = snap.pss_anon + (snap.pss_shmem or 0)
-            rows.append({
-                "ts": now, "t": now - self.t0, "pid": proc.pid,
-                "label": self.labels[proc.pid], "role": role, "anon_pss": anon_pss,
-                "rss": sum(v or 0 for v in (snap.rss_anon, snap.rss_file, snap.rss_shmem)),
-                "rss_anon": snap.rss_anon, "rss_file": snap.rss_file,
-                "rss_shmem": snap.rss_shmem, "pss": snap.pss,
-                "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
-                "drm_total_vram": snap.drm.total_vram if snap.drm else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "ts": now,
+                    "t": now - self.t0,
+                    "pid": proc.pid,
+                    "label": self.labels[proc.pid],
+                    "role": role,
+                    "anon_pss": snap.anon_pss,
+                    "rss": _rss(snap),
+                    "rss_anon": snap.rss_anon,
+                    "rss_file": snap.rss_file,
+                    "rss_shmem": snap.rss_shmem,
+                    "pss": snap.pss,
+                    "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
+                    "drm_total_vram": snap.drm.total_vram if snap.drm else None,
+                    "denied": ", ".join(snap.denied),
+                }
+            )
         system = self._system_row(now, rows)
         self.peaks.update(rows, system)
         return rows, system
@@ -125,24 +182,35 @@ class Sampler:
         tree_anon_pss = sum(r["anon_pss"] or 0 for r in rows)
         if self.first_available is None:
             self.first_available, self.first_tree_anon_pss = snap.mem_available, tree_anon_pss
-        drop = None
-        outside = None
-        if snap.mem_available is not None and self.first_available is not None:
-            drop = self.first_available - snap.mem_available
-            outside = drop - (tree_anon_pss - (self.first_tree_anon_pss or 0))
-            self.peaks.mem_available_drop = max(self.peaks.mem_available_drop, drop)
+        outside = outside_any_process(
+            self.first_available, snap.mem_available, self.first_tree_anon_pss, tree_anon_pss
+        )
+        if outside.mem_available_drop is not None:
+            self.peaks.mem_available_drop = max(
+                self.peaks.mem_available_drop, outside.mem_available_drop
+            )
         swap_used = None
         if snap.swap_total is not None and snap.swap_free is not None:
             swap_used = snap.swap_total - snap.swap_free
         return {
-            "ts": now, "t": now - self.t0, "pid": "system", "label": "system", "role": "system",
-            "rss": sum(r["rss"] or 0 for r in rows), "pss": sum(r["pss"] or 0 for r in rows),
+            "ts": now,
+            "t": now - self.t0,
+            "pid": "system",
+            "label": "system",
+            "role": "system",
+            "rss": sum(r["rss"] or 0 for r in rows),
+            "pss": sum(r["pss"] or 0 for r in rows),
             "anon_pss": tree_anon_pss,
-            "mem_total": snap.mem_total, "mem_available": snap.mem_available,
-            "cached": snap.cached, "committed_as": snap.committed_as, "swap_used": swap_used,
-            "cgroup_current": snap.cgroup_current, "cgroup_max": snap.cgroup_max,
-            "gpu_active": snap.gpu_active, "outside_processes": outside,
-        }  # fmt: skip
+            "mem_total": snap.mem_total,
+            "mem_available": snap.mem_available,
+            "cached": snap.cached,
+            "committed_as": snap.committed_as,
+            "swap_used": swap_used,
+            "cgroup_current": snap.cgroup_current,
+            "cgroup_max": snap.cgroup_max,
+            "gpu_active": snap.gpu_active,
+            "outside_processes": outside.outside_processes,
+        }
 
 
 def _status_line(t: float, rows: list[dict[str, Any]], system: dict[str, Any]) -> str:
@@ -208,10 +276,16 @@ def run(
     return (128 - code if code < 0 else code), csv_path, peaks
 
 
-def main(command: Sequence[str], out_dir: Path, interval: float) -> int:
+def main(args: argparse.Namespace) -> int:
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    out_dir = Path(args.out or time.strftime("vllm-xpu-memfix-monitor-%Y%m%d-%H%M%S"))
+    interval = args.interval
     if not command:
-        print("monitor: give the command to run after --, e.g. "
-              "vllm-xpu-memfix monitor -- vllm serve MODEL", file=sys.stderr)  # fmt: skip
+        print(
+            "monitor: give the command to run after --, e.g. "
+            "vllm-xpu-memfix monitor -- vllm serve MODEL",
+            file=sys.stderr,
+        )
         return 2
     if interval <= 0:
         print(f"monitor: --interval must be positive, got {interval}", file=sys.stderr)

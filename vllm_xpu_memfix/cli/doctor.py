@@ -1,0 +1,441 @@
+"""``vllm-xpu-memfix doctor``: will this serve command fit in host memory, and if not, why.
+
+Reads only files: /proc, the cgroup, sysfs, dpkg's status, library names and
+the checkpoint's safetensors headers. It never loads the model or starts the
+driver, so it runs in seconds. The figures are estimates; the ledger of a real
+start is the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_xpu_memfix import config, driver
+from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.memory.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
+from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, GiB
+
+# Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
+# call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
+BASELINE_PER_RANK = 3.5 * GiB
+# Quantization methods that convert 16-bit weights while loading, through the host.
+ON_THE_FLY_QUANT = {"sym_int4", "fp8", "int4", "woq_int4"}
+# Device bytes per parameter of a sym_int4 linear weight: 4 bits plus an fp16 scale per 128.
+SYM_INT4_BYTES_PER_PARAM = 0.5 + 2 / 128
+AT_RISK_SHARE = 0.85
+# The variables that change how much host memory a start takes, shown when set.
+RELEVANT_ENV = (
+    "NEOReadDebugKeys",
+    "EnableDeferBacking",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+    "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT",
+)
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    model: Path | None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.92
+    quantization: str | None = None
+    dtype: str | None = None
+    device_memory_gib: float | None = None
+
+
+@dataclass
+class Report:
+    host: dict[str, Any]
+    gpus: dict[str, Any]
+    environment: dict[str, str]
+    plugin: dict[str, str]
+    model: dict[str, Any] | None
+    per_rank: dict[str, float]
+    total: dict[str, float]
+    verdict: str
+    main_cause: str
+    changes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[int | None, str]:
+    if override_gib is not None:
+        return int(override_gib * GiB), "--device-memory-gib"
+    sizes = [g.vram_bytes for g in gpus if g.vram_bytes]
+    if sizes:
+        return min(sizes), "sysfs physical_vram_size_bytes"
+    known = [
+        driver.KNOWN_PRODUCTS[g.device_id][1] for g in gpus if g.device_id in driver.KNOWN_PRODUCTS
+    ]
+    if known:
+        return min(known) * GiB, "product table (assumed)"
+    return None, "unknown: pass --device-memory-gib"
+
+
+def _staging(
+    ckpt: Checkpoint | None, args: ServeArgs, environ: Mapping[str, str]
+) -> tuple[float, str]:
+    """Host bytes per rank for weight conversion during loading, with the reason."""
+    quant = (args.quantization or "").lower()
+    if ckpt is None or quant not in ON_THE_FLY_QUANT or ckpt.dtype not in ("BF16", "F16", "F32"):
+        return 0.0, "no on-the-fly quantization"
+    tp = args.tensor_parallel_size
+    linear = [t for t in ckpt.tensors if t.is_linear_weight]
+    largest = max((t.nbytes / (2 if t.dtype in ("BF16", "F16") else 4) for t in linear), default=0)
+    per_layer = largest / tp * STAGING_BYTES_PER_PARAM
+    if environ.get("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT") == "1":
+        return (
+            ckpt.total_bytes / tp + per_layer,
+            "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1 holds the whole shard",
+        )
+    return per_layer, "one layer in flight (more if the allocator keeps freed staging)"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the files say: this host, its GPUs and driver, and the checkpoint."""
+
+    snap: Snapshot
+    gpus: list[driver.Gpu]
+    visible: list[driver.Gpu]
+    runtime: driver.Runtime | None
+    level_zero_loader: str | None
+    guard: driver_env.Decision
+    device_bytes: int | None
+    device_source: str
+    ckpt: Checkpoint | None
+
+    @property
+    def visible_battlemage(self) -> int:
+        return sum(g.is_battlemage for g in self.visible)
+
+    @property
+    def runtime_affected(self) -> bool:
+        return self.runtime is None or self.runtime.affected
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Host memory the serve command needs against the room there is, and the verdict."""
+
+    mirror_active: bool
+    staging_why: str
+    per_rank: dict[str, float]
+    total: dict[str, float]
+    room: float
+    causes: dict[str, float]
+    verdict: str
+
+    @property
+    def need(self) -> float:
+        return self.total["host_need"]
+
+    @property
+    def main_cause(self) -> str:
+        return max(self.causes, key=lambda k: self.causes[k])
+
+
+def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:
+    """Read every file doctor needs; nothing is loaded or started."""
+    snap = ProcReader(settings.sysroot).take("self", pss=False)
+    gpus = driver.intel_gpus(settings.sysroot)
+    visible = driver.visible_gpus(gpus, environ)
+    runtime = driver.compute_runtime(settings.sysroot)
+    guard = driver_env.decide(settings, environ)
+    used = visible[: args.tensor_parallel_size] if visible else []
+    device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
+    return Measurement(
+        snap=snap,
+        gpus=gpus,
+        visible=visible,
+        runtime=runtime,
+        level_zero_loader=driver.level_zero_loader(settings.sysroot),
+        guard=guard,
+        device_bytes=device_bytes,
+        device_source=device_source,
+        ckpt=read_checkpoint(args.model) if args.model else None,
+    )
+
+
+def _mirror_active(measured: Measurement, environ: Mapping[str, str]) -> bool:
+    """Whether the driver will pin a host mirror of each rank's device allocations."""
+    defer_backing_off = (
+        environ.get("EnableDeferBacking") == "0" and environ.get("NEOReadDebugKeys") == "1"
+    )
+    mirror_possible = measured.visible_battlemage >= 2 and measured.runtime_affected
+    return mirror_possible and not measured.guard.apply and not defer_backing_off
+
+
+def _verdict(need: float, room: float) -> str:
+    if need > room:
+        return "will run out of memory"
+    if need > AT_RISK_SHARE * room:
+        return "at risk"
+    return "fits"
+
+
+def decide(measured: Measurement, args: ServeArgs, environ: Mapping[str, str]) -> Estimate:
+    """Host need per rank and per cause, the room for it, and whether it fits."""
+    tp = args.tensor_parallel_size
+    snap, ckpt = measured.snap, measured.ckpt
+    mirror_active = _mirror_active(measured, environ)
+    # Driver mirror: host pinned per device allocation, i.e. about what each rank
+    # allocates on its device (weights + KV cache up to the utilisation).
+    device_use = (measured.device_bytes or 0) * args.gpu_memory_utilization
+    staging, staging_why = _staging(ckpt, args, environ)
+    per_rank = {
+        "device_use": device_use,
+        "driver_mirror": device_use if mirror_active else 0.0,
+        "quantization_staging": staging,
+        "process_baseline": float(BASELINE_PER_RANK),
+    }
+    need = tp * (per_rank["driver_mirror"] + staging + per_rank["process_baseline"])
+    page_cache = float(ckpt.total_bytes) if ckpt else 0.0
+    available = float(snap.mem_available or 0)
+    room = available
+    total = {
+        "host_need": need,
+        "page_cache": page_cache,
+        "mem_available": available,
+        "swap_free": float(snap.swap_free or 0),
+    }
+    if snap.cgroup_max is not None:
+        cg_room = float(snap.cgroup_max - (snap.cgroup_current or 0))
+        total["cgroup_room"] = cg_room
+        # The checkpoint's page cache is charged to the container's cgroup.
+        room = min(room, cg_room - page_cache)
+    causes = {
+        "driver mirror": tp * per_rank["driver_mirror"],
+        "quantization staging": tp * staging,
+        "process baseline": tp * per_rank["process_baseline"],
+    }
+    return Estimate(mirror_active, staging_why, per_rank, total, room, causes, _verdict(need, room))
+
+
+def _mirror_changes(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
+    """How to be rid of the driver mirror, or to make room for it."""
+    mirror = estimate.causes["driver mirror"]
+    saved = f"removes the driver mirror (-{_gib(mirror)})"
+    if measured.guard.user_set:
+        changes = [
+            f"unset {' '.join(measured.guard.user_set)}: the plugin then sets "
+            f"NEOReadDebugKeys=1 EnableDeferBacking=0, which {saved}"
+        ]
+    else:
+        changes = [
+            "let the plugin set NEOReadDebugKeys=1 EnableDeferBacking=0 "
+            f"({driver_env.FIX.env}=auto or on), which {saved}"
+        ]
+    others = estimate.need - mirror
+    device_bytes, room = measured.device_bytes, estimate.room
+    if device_bytes and room > others:
+        fit_util = (AT_RISK_SHARE * room - others) / (args.tensor_parallel_size * device_bytes)
+        if 0 < fit_util < args.gpu_memory_utilization:
+            changes.append(
+                f"or keep the mirror and lower --gpu-memory-utilization to {fit_util:.2f}"
+            )
+    return changes
+
+
+def advise(
+    measured: Measurement, estimate: Estimate, args: ServeArgs, environ: Mapping[str, str]
+) -> list[str]:
+    """The changes to the serve command or the host that would make it fit, best first."""
+    changes = _mirror_changes(measured, estimate, args) if estimate.mirror_active else []
+    staging = estimate.per_rank["quantization_staging"]
+    fits = estimate.verdict == "fits"
+    if environ.get("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT") == "1" and staging:
+        changes.append(
+            "unset VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT: it keeps each rank's 16-bit shard on the host"
+        )
+    if staging and not fits:
+        changes.append(
+            "serve a checkpoint quantized ahead of time: no weights are converted on the host"
+        )
+    if measured.snap.cgroup_max is not None and estimate.total["page_cache"] and not fits:
+        changes.append(
+            "raise the container's memory limit: the checkpoint's page cache is charged to it"
+        )
+    if not fits and not changes:
+        changes.append("add host RAM, or serve on fewer GPUs per host")
+    return changes
+
+
+def _device_weight_bytes(ckpt: Checkpoint, args: ServeArgs) -> float:
+    """The checkpoint's weights as the device holds them (sym_int4 packs linear weights)."""
+    weight_bytes = float(ckpt.total_bytes)
+    if (args.quantization or "").lower() == "sym_int4":
+        linear = sum(
+            t.nbytes / 2 for t in ckpt.tensors if t.is_linear_weight and t.dtype in ("BF16", "F16")
+        )
+        weight_bytes = weight_bytes - 2 * linear + linear * SYM_INT4_BYTES_PER_PARAM
+    return weight_bytes
+
+
+def _notes(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
+    tp = args.tensor_parallel_size
+    notes = []
+    if len(measured.visible) < tp and measured.gpus:
+        notes.append(
+            f"--tensor-parallel-size {tp} but only {len(measured.visible)} Intel GPU(s) are visible"
+        )
+    ckpt = measured.ckpt
+    if (
+        ckpt is not None
+        and measured.device_bytes
+        and _device_weight_bytes(ckpt, args) / tp > estimate.per_rank["device_use"]
+    ):
+        notes.append("the weights alone exceed the device memory at this utilisation")
+    return notes
+
+
+def _model_section(
+    measured: Measurement, estimate: Estimate, args: ServeArgs
+) -> dict[str, Any] | None:
+    ckpt = measured.ckpt
+    if ckpt is None:
+        return None
+    return {
+        "directory": str(ckpt.directory),
+        "shards": len(ckpt.shards),
+        "checkpoint_bytes": ckpt.total_bytes,
+        "checkpoint_dtype": ckpt.dtype,
+        "device_weight_bytes_per_rank": _device_weight_bytes(ckpt, args)
+        / args.tensor_parallel_size,
+        "staging": estimate.staging_why,
+    }
+
+
+def _host_section(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "mem_total": snap.mem_total,
+        "mem_available": snap.mem_available,
+        "swap_total": snap.swap_total,
+        "swap_free": snap.swap_free,
+        "cgroup_current": snap.cgroup_current,
+        "cgroup_max": snap.cgroup_max,
+    }
+
+
+def _gpu_section(measured: Measurement) -> dict[str, Any]:
+    runtime, guard = measured.runtime, measured.guard
+    return {
+        "intel_gpus": [
+            f"{g.card} {g.pci_slot} 0x{g.device_id:04x} {g.product}" for g in measured.gpus
+        ],
+        "visible": len(measured.visible),
+        "visible_battlemage": measured.visible_battlemage,
+        "device_memory_bytes": measured.device_bytes,
+        "device_memory_source": measured.device_source,
+        "compute_runtime": f"{runtime.version} ({runtime.source})" if runtime else "not found",
+        "runtime_in_mirror_range": measured.runtime_affected,
+        "level_zero_loader": measured.level_zero_loader or "not found",
+        "driver_guard": f"{'applies' if guard.apply else 'does not apply'}: {guard.reason}",
+    }
+
+
+def _plugin_section(settings: Settings) -> dict[str, str]:
+    plugin = {key: mode.value for key, mode in settings.modes.items()}
+    plugin["enabled"] = str(settings.enabled)
+    return plugin
+
+
+def diagnose(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Report:
+    measured = measure(settings, args, environ)
+    estimate = decide(measured, args, environ)
+    return Report(
+        host=_host_section(measured.snap),
+        gpus=_gpu_section(measured),
+        environment={k: environ[k] for k in RELEVANT_ENV if k in environ},
+        plugin=_plugin_section(settings),
+        model=_model_section(measured, estimate, args),
+        per_rank=estimate.per_rank,
+        total=estimate.total,
+        verdict=estimate.verdict,
+        main_cause=estimate.main_cause,
+        changes=advise(measured, estimate, args, environ),
+        notes=_notes(measured, estimate, args),
+    )
+
+
+def _gib(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / GiB:,.1f} GiB" if abs(value) >= GiB else f"{value / 2**20:,.0f} MiB"
+
+
+def render(report: Report, args: ServeArgs) -> str:
+    host, gpus = report.host, report.gpus
+    limit = "none" if host["cgroup_max"] is None else _gib(host["cgroup_max"])
+    lines = [
+        "Host",
+        f"  RAM {_gib(host['mem_total'])}, available {_gib(host['mem_available'])}, "
+        f"swap {_gib(host['swap_total'])} ({_gib(host['swap_free'])} free), cgroup limit {limit}",
+        "GPUs",
+        *(f"  {gpu}" for gpu in gpus["intel_gpus"] or ["no Intel GPU found in sysfs"]),
+        f"  visible: {gpus['visible']} ({gpus['visible_battlemage']} Battlemage); device memory "
+        f"{_gib(gpus['device_memory_bytes'])} ({gpus['device_memory_source']})",
+        f"  compute-runtime {gpus['compute_runtime']}; "
+        f"Level Zero loader {gpus['level_zero_loader']}",
+        f"  driver guard {gpus['driver_guard']}",
+        "Environment",
+        *(f"  {k}={v}" for k, v in report.environment.items()),
+        *([] if report.environment else ["  (none of the relevant variables is set)"]),
+        "Plugin switches",
+        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items()),
+    ]
+    if report.model:
+        model = report.model
+        lines += [
+            "Model",
+            f"  {model['directory']}: {model['shards']} shard(s), "
+            f"{_gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}; "
+            f"weights on each device {_gib(model['device_weight_bytes_per_rank'])}",
+        ]
+    per_rank = report.per_rank
+    lines += [
+        f"Per rank (TP {args.tensor_parallel_size}, "
+        f"--gpu-memory-utilization {args.gpu_memory_utilization})",
+        f"  device memory in use   {_gib(per_rank['device_use'])}",
+        f"  host: driver mirror    {_gib(per_rank['driver_mirror'])}",
+        f"  host: quant. staging   {_gib(per_rank['quantization_staging'])}",
+        f"  host: process baseline {_gib(per_rank['process_baseline'])}",
+        "Host total",
+        f"  need {_gib(report.total['host_need'])} + checkpoint page cache "
+        f"{_gib(report.total['page_cache'])} (reclaimable), "
+        f"against {_gib(report.total['mem_available'])} available",
+        f"Verdict: {report.verdict.upper()} (largest part: {report.main_cause})",
+        *(f"  - {change}" for change in report.changes),
+        *(f"  note: {note}" for note in report.notes),
+    ]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    serve = ServeArgs(
+        model=Path(args.model) if args.model else None,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        device_memory_gib=args.device_memory_gib,
+    )
+    try:
+        report = diagnose(config.load(), serve, os.environ)
+    except CheckpointError as exc:
+        print(f"doctor: {exc}", file=sys.stderr)
+        return 2
+    print(report.to_json() if args.json else render(report, serve))
+    return 0
