@@ -131,6 +131,40 @@ def _lock_dir(variable: Variable, raw: str, environ: Mapping[str, str]) -> Path:
     return Path(raw)
 
 
+def _host_semaphore(kind: str, who: str, proceeds: str, timeout_s: str) -> tuple[Variable, ...]:
+    """The slots, time-out and scope of one of the plugin's host-wide locks."""
+    upper = kind.upper()
+    return (
+        Variable(
+            name=f"{PREFIX}_{upper}_SLOTS",
+            field=f"{kind}_slots",
+            default="1",
+            accepted="an integer from 1 to 1024",
+            doc=f"How many {who} at once on the host (or engine).",
+            parse=_number(integer=True, minimum=1, maximum=1024),
+        ),
+        Variable(
+            name=f"{PREFIX}_{upper}_TIMEOUT_S",
+            field=f"{kind}_timeout_s",
+            default=timeout_s,
+            accepted="a finite number of seconds > 0",
+            doc=f"A rank that waited this long logs a WARNING naming the holder and {proceeds} "
+            "without the lock.",
+            parse=_number(integer=False, minimum=0.0, exclusive=True),
+        ),
+        Variable(
+            name=f"{PREFIX}_{upper}_SCOPE",
+            field=f"{kind}_scope",
+            default="host",
+            accepted="host, instance",
+            doc="host: every vLLM instance on the host shares the slots; instance: only the "
+            "ranks of one engine do.",
+            parse=_choice,
+            choices=("host", "instance"),
+        ),
+    )
+
+
 LEDGER = Fix(
     key="ledger",
     summary="Per-rank record of host memory and wall time at each start-up phase.",
@@ -260,61 +294,8 @@ PARAMETERS: tuple[Variable, ...] = (
         parse=_switch,
         choices=_ON_OFF,
     ),
-    Variable(
-        name=f"{PREFIX}_WARMUP_SLOTS",
-        field="warmup_slots",
-        default="1",
-        accepted="an integer >= 1",
-        doc="How many warm-ups may run at once on the host (or engine).",
-        parse=_number(integer=True, minimum=1),
-    ),
-    Variable(
-        name=f"{PREFIX}_WARMUP_TIMEOUT_S",
-        field="warmup_timeout_s",
-        default="900",
-        accepted="a finite number of seconds > 0",
-        doc="A rank that waited this long logs a WARNING naming the holder and warms up "
-        "without the lock.",
-        parse=_number(integer=False, minimum=0.0, exclusive=True),
-    ),
-    Variable(
-        name=f"{PREFIX}_WARMUP_SCOPE",
-        field="warmup_scope",
-        default="host",
-        accepted="host, instance",
-        doc="host: every vLLM instance on the host shares the slots; instance: only the ranks "
-        "of one engine do.",
-        parse=_choice,
-        choices=("host", "instance"),
-    ),
-    Variable(
-        name=f"{PREFIX}_LOAD_SLOTS",
-        field="load_slots",
-        default="1",
-        accepted="an integer from 1 to 1024",
-        doc="How many ranks of the host (or engine) may load weights at once, unless "
-        "--max-parallel-loading-workers says otherwise.",
-        parse=_number(integer=True, minimum=1, maximum=1024),
-    ),
-    Variable(
-        name=f"{PREFIX}_LOAD_TIMEOUT_S",
-        field="load_timeout_s",
-        default="1800",
-        accepted="a finite number of seconds > 0",
-        doc="A rank that waited this long for a load slot logs a WARNING naming the holder "
-        "and loads without the lock.",
-        parse=_number(integer=False, minimum=0.0, exclusive=True),
-    ),
-    Variable(
-        name=f"{PREFIX}_LOAD_SCOPE",
-        field="load_scope",
-        default="host",
-        accepted="host, instance",
-        doc="host: every vLLM instance on the host shares the load slots; instance: only the "
-        "ranks of one engine do.",
-        parse=_choice,
-        choices=("host", "instance"),
-    ),
+    *_host_semaphore("warmup", "warm-ups may run", "warms up", timeout_s="900"),
+    *_host_semaphore("load", "ranks may load weights", "loads", timeout_s="1800"),
     Variable(
         name=f"{PREFIX}_LOCK_DIR",
         field="lock_dir",
