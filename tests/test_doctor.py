@@ -154,3 +154,93 @@ def test_bad_model_directory_is_a_clear_error(tmp_path):
 def test_bad_utilisation_is_refused():
     result = doctor("--gpu-memory-utilization", "1.5")
     assert result.returncode == 2 and "must be in (0, 1]" in result.stderr
+
+
+def fake_vllm(root, sym_int4_source: str | None):
+    """A vLLM tree for doctor to scan (through PYTHONPATH), with or without a sym_int4."""
+    package = root / "vllm"
+    (package / "model_executor/layers/quantization").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if sym_int4_source is not None:
+        (package / "model_executor/layers/quantization/sym_int4.py").write_text(sym_int4_source)
+    return str(root)
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("def create_weights(layer): ...\n", "is stale: this sym_int4 never reads it"),
+        (None, "no sym_int4 is installed here to read it"),
+    ],
+)
+def test_the_offload_variable_adds_nothing_where_no_sym_int4_reads_it(
+    issue_703, tmp_path, source, reason
+):
+    """The 0.26 images still set the variable but no longer read it (llm-scaler #672)."""
+    host, model = issue_703
+    path = fake_vllm(tmp_path, source)
+    plain = json.loads(
+        doctor(str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_SYSROOT=str(host),
+               PYTHONPATH=path).stdout
+    )  # fmt: skip
+    stale = json.loads(
+        doctor(str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_SYSROOT=str(host),
+               PYTHONPATH=path, VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT="1").stdout
+    )  # fmt: skip
+    assert stale["per_rank"]["quantization_staging"] == plain["per_rank"]["quantization_staging"]
+    assert reason in stale["model"]["staging"]
+    assert not any("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT" in c for c in stale["changes"])
+
+
+def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_when_off(
+    tmp_path,
+):
+    """TP 4 on a host with 48 GiB available: four 12.5 GiB shards at once do not fit, one
+    at a time does. With the lock off, doctor recommends vLLM's own flag."""
+    host = build_host(tmp_path / "host", [B70] * 4, mem_total_gib=64, mem_available_gib=48)
+    model = qwen_27b_like(tmp_path / "Qwen-27B")
+    reads = "import os\nLEGACY = os.environ.get('VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT') == '1'\n"
+    env = {
+        "VLLM_XPU_MEMFIX_SYSROOT": str(host),
+        "PYTHONPATH": fake_vllm(tmp_path / "tree", reads),
+        "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT": "1",
+    }
+    locked = json.loads(doctor(str(model), *ISSUE_703, "--json", **env).stdout)
+    unlocked = json.loads(
+        doctor(str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_LOAD_LOCK="off", **env).stdout
+    )
+    staging = locked["per_rank"]["quantization_staging"]
+    assert staging > locked["model"]["checkpoint_bytes"] / 4
+    assert unlocked["total"]["host_need"] - locked["total"]["host_need"] == pytest.approx(
+        3 * staging
+    )
+    assert "the load lock lets 1 of 4 ranks stage at once" in locked["model"]["staging"]
+    assert (
+        unlocked["verdict"] == "will run out of memory" and locked["verdict"] != unlocked["verdict"]
+    )
+    flag = [c for c in unlocked["changes"] if "--max-parallel-loading-workers 1" in c]
+    assert flag and not [c for c in locked["changes"] if "--max-parallel-loading-workers" in c]
+    with_flag = json.loads(
+        doctor(str(model), *ISSUE_703, "--max-parallel-loading-workers", "2", "--json",
+               VLLM_XPU_MEMFIX_LOAD_LOCK="auto", **env).stdout
+    )  # fmt: skip
+    assert "lets 2 of 4 ranks" in with_flag["model"]["staging"]
+
+
+def test_an_moe_side_is_the_unit_staged_when_it_is_larger_than_any_linear_layer(tmp_path):
+    from vllm_xpu_memfix.cli.doctor import largest_staged_params
+    from vllm_xpu_memfix.memory.checkpoint import read_checkpoint, write_sparse_checkpoint
+
+    hidden, inter, experts = 1024, 512, 16
+    tensors = {"model.embed_tokens.weight": ("BF16", (4096, hidden))}
+    for e in range(experts):
+        p = f"model.layers.0.mlp.experts.{e}."
+        tensors.update({
+            p + "gate_proj.weight": ("BF16", (inter, hidden)),
+            p + "up_proj.weight": ("BF16", (inter, hidden)),
+            p + "down_proj.weight": ("BF16", (hidden, inter)),
+        })  # fmt: skip
+    tensors["model.layers.0.self_attn.q_proj.weight"] = ("BF16", (2048, hidden))
+    write_sparse_checkpoint(tmp_path / "moe", tensors, shards=1)
+    params, unit = largest_staged_params(read_checkpoint(tmp_path / "moe"))
+    assert unit == "an MoE side" and params == experts * 2 * inter * hidden

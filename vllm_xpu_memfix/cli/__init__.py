@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--quantization", "-q")
     doctor.add_argument("--dtype")
     doctor.add_argument("--device-memory-gib", type=float, help="per-GPU memory if sysfs lacks it")
+    doctor.add_argument("--max-parallel-loading-workers", type=_positive_int)
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")

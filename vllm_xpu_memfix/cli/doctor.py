@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -50,6 +51,7 @@ class ServeArgs:
     quantization: str | None = None
     dtype: str | None = None
     device_memory_gib: float | None = None
+    max_parallel_loading_workers: int | None = None
 
 
 @dataclass
@@ -84,23 +86,81 @@ def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[i
     return None, "unknown: pass --device-memory-gib"
 
 
+OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
+SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
+_EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.\d+\.(?P<proj>\w+)\.weight$")
+_SIDE = {"gate_proj": "w13", "up_proj": "w13", "w1": "w13", "w3": "w13",
+         "down_proj": "w2", "w2": "w2"}  # fmt: skip
+
+
+def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether sym_int4 will buffer each rank's whole 16-bit shard on the host, and why.
+
+    Only where the installed module reads ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT``: the 0.14
+    and 0.21 images' does; the 0.26 images' no longer does, though their Dockerfiles
+    still set it (llm-scaler #672).
+    """
+    from vllm_xpu_memfix.cli import compat
+
+    if environ.get(OFFLOAD) != "1":
+        return False, f"{OFFLOAD} unset: one layer in flight"
+    root = compat.installed_vllm_root()
+    source = compat.module_source(root, SYM_INT4) if root is not None else None
+    if source is None:
+        return False, f"{OFFLOAD}=1, but no sym_int4 is installed here to read it"
+    if OFFLOAD not in source:
+        return False, f"{OFFLOAD}=1 is stale: this sym_int4 never reads it (llm-scaler #672)"
+    return True, f"{OFFLOAD}=1: sym_int4's legacy load holds the whole 16-bit shard"
+
+
+def largest_staged_params(ckpt: Checkpoint) -> tuple[float, str]:
+    """Parameters of the largest unit quantized at once: a Linear weight, or one MoE side
+    (all experts' gate+up, or all experts' down, of one layer)."""
+    linear = 0.0
+    sides: dict[tuple[str, str], float] = {}
+    for tensor in ckpt.tensors:
+        if not tensor.is_linear_weight:
+            continue
+        params = tensor.nbytes / (2 if tensor.dtype in ("BF16", "F16") else 4)
+        match = _EXPERT.match(tensor.name)
+        which = _SIDE.get(match.group("proj")) if match else None
+        if match and which:
+            key = (match.group("layer"), which)
+            sides[key] = sides.get(key, 0.0) + params
+        else:
+            linear = max(linear, params)
+    largest_side = max(sides.values(), default=0.0)
+    if largest_side > linear:
+        return largest_side, "an MoE side"
+    return linear, "a linear layer"
+
+
 def _staging(
-    ckpt: Checkpoint | None, args: ServeArgs, environ: Mapping[str, str]
+    ckpt: Checkpoint | None, args: ServeArgs, legacy: tuple[bool, str]
 ) -> tuple[float, str]:
     """Host bytes per rank for weight conversion during loading, with the reason."""
     quant = (args.quantization or "").lower()
     if ckpt is None or quant not in ON_THE_FLY_QUANT or ckpt.dtype not in ("BF16", "F16", "F32"):
         return 0.0, "no on-the-fly quantization"
     tp = args.tensor_parallel_size
-    linear = [t for t in ckpt.tensors if t.is_linear_weight]
-    largest = max((t.nbytes / (2 if t.dtype in ("BF16", "F16") else 4) for t in linear), default=0)
-    per_layer = largest / tp * STAGING_BYTES_PER_PARAM
-    if environ.get("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT") == "1":
-        return (
-            ckpt.total_bytes / tp + per_layer,
-            "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1 holds the whole shard",
-        )
-    return per_layer, "one layer in flight (more if the allocator keeps freed staging)"
+    params, unit = largest_staged_params(ckpt)
+    per_layer = params / tp * STAGING_BYTES_PER_PARAM
+    holds_shard, why = legacy
+    if holds_shard and quant == "sym_int4":
+        return ckpt.total_bytes / tp + per_layer, why
+    in_flight = f"{unit} in flight (more if the allocator keeps freed staging)"
+    return per_layer, in_flight if why.startswith(f"{OFFLOAD} unset") else f"{in_flight}; {why}"
+
+
+def load_slots(settings: Settings, args: ServeArgs, holds_shard: bool) -> int | None:
+    """How many ranks the load lock lets stage at once; None where it stays off."""
+    if not settings.requested(config.LOAD_LOCK):
+        return None
+    if args.max_parallel_loading_workers:
+        return args.max_parallel_loading_workers
+    if settings.mode(config.LOAD_LOCK) is config.Mode.ON or holds_shard:
+        return settings.load_slots
+    return None
 
 
 @dataclass(frozen=True)
@@ -116,6 +176,8 @@ class Measurement:
     device_bytes: int | None
     device_source: str
     ckpt: Checkpoint | None
+    legacy: tuple[bool, str]
+    load_slots: int | None
 
     @property
     def visible_battlemage(self) -> int:
@@ -156,6 +218,7 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     guard = driver_env.decide(settings, environ)
     used = visible[: args.tensor_parallel_size] if visible else []
     device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
+    legacy = legacy_load(environ)
     return Measurement(
         snap=snap,
         gpus=gpus,
@@ -166,6 +229,8 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         device_bytes=device_bytes,
         device_source=device_source,
         ckpt=read_checkpoint(args.model) if args.model else None,
+        legacy=legacy,
+        load_slots=load_slots(settings, args, legacy[0]),
     )
 
 
@@ -194,14 +259,19 @@ def decide(measured: Measurement, args: ServeArgs, environ: Mapping[str, str]) -
     # Driver mirror: host pinned per device allocation, i.e. about what each rank
     # allocates on its device (weights + KV cache up to the utilisation).
     device_use = (measured.device_bytes or 0) * args.gpu_memory_utilization
-    staging, staging_why = _staging(ckpt, args, environ)
+    staging, staging_why = _staging(ckpt, args, measured.legacy)
+    # With the load lock, ranks stage a few at a time; on the device the quantized weights
+    # then leave the host, so only the ranks holding a slot stage at once.
+    staging_ranks = min(tp, measured.load_slots) if staging and measured.load_slots else tp
+    if staging_ranks < tp:
+        staging_why += f"; the load lock lets {staging_ranks} of {tp} ranks stage at once"
     per_rank = {
         "device_use": device_use,
         "driver_mirror": device_use if mirror_active else 0.0,
         "quantization_staging": staging,
         "process_baseline": float(BASELINE_PER_RANK),
     }
-    need = tp * (per_rank["driver_mirror"] + staging + per_rank["process_baseline"])
+    need = tp * (per_rank["driver_mirror"] + per_rank["process_baseline"]) + staging_ranks * staging
     page_cache = float(ckpt.total_bytes) if ckpt else 0.0
     available = float(snap.mem_available or 0)
     room = available
@@ -218,7 +288,7 @@ def decide(measured: Measurement, args: ServeArgs, environ: Mapping[str, str]) -
         room = min(room, cg_room - page_cache)
     causes = {
         "driver mirror": tp * per_rank["driver_mirror"],
-        "quantization staging": tp * staging,
+        "quantization staging": staging_ranks * staging,
         "process baseline": tp * per_rank["process_baseline"],
     }
     return Estimate(mirror_active, staging_why, per_rank, total, room, causes, _verdict(need, room))
@@ -256,9 +326,14 @@ def advise(
     changes = _mirror_changes(measured, estimate, args) if estimate.mirror_active else []
     staging = estimate.per_rank["quantization_staging"]
     fits = estimate.verdict == "fits"
-    if environ.get("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT") == "1" and staging:
+    tp = args.tensor_parallel_size
+    if measured.legacy[0] and staging:
+        changes.append(f"unset {OFFLOAD}: it keeps each rank's 16-bit shard on the host")
+    if staging and not fits and tp > 1 and not measured.load_slots:
+        saved = (tp - 1) * staging
         changes.append(
-            "unset VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT: it keeps each rank's 16-bit shard on the host"
+            f"pass --max-parallel-loading-workers 1 (the plugin's load lock makes vLLM honour "
+            f"it): one rank stages at a time (-{_gib(saved)})"
         )
     if staging and not fits:
         changes.append(
@@ -431,6 +506,7 @@ def main(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         dtype=args.dtype,
         device_memory_gib=args.device_memory_gib,
+        max_parallel_loading_workers=args.max_parallel_loading_workers,
     )
     try:
         report = diagnose(config.load(), serve, os.environ)
