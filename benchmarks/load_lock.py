@@ -35,8 +35,8 @@ from pathlib import Path
 import host_release
 import report_table
 
-from vllm_xpu_memfix.demo.server import Server
-from vllm_xpu_memfix.monitor import Sampler
+from vllm_xpu_memfix.cli.demo.server import Server
+from vllm_xpu_memfix.cli.monitor import Sampler
 from vllm_xpu_memfix.units import MiB
 
 TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": None}
@@ -117,13 +117,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", type=Path)
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help="comma-separated subset of: " + ", ".join(ARMS)
+    )
     default_out = Path(__file__).parent / "results" / f"load-lock-{time.strftime('%Y-%m-%d')}.md"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="load-lock-"))
     model = host_release.given_or_made_model(args.model, workdir)
-    results: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
-    arms = list(ARMS)
+    arms = [arm.strip() for arm in args.arms.split(",")]
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    results: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     for round_ in range(args.rounds):
         for arm in arms[round_ % len(arms) :] + arms[: round_ % len(arms)]:
             figures = measure(model, arm, workdir)
@@ -134,9 +140,9 @@ def main() -> None:
         return statistics.median(r[key] for r in results[arm])
 
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         base = arm.split(",")[0] + ", lock off"
-        base = base if base in ARMS else "0.21 legacy, lock off"
+        base = base if base in results else "0.21 legacy, lock off"
         ratio = median(arm, "peak_above_start") / median(base, "peak_above_start")
         rows.append(
             (

@@ -138,3 +138,45 @@ def test_sym_int4_layers_trigger_a_trim_every_n_mib_of_staging(monkeypatch):
         patcher.revert_all()
     assert len(quantized) == 7
     assert trims == [3, 6]
+
+
+def test_sym_int4_moe_sides_count_their_experts_toward_the_trim(monkeypatch):
+    """The sym_int4 replay's real MoE side function (tests/plugins/sym_int4_replay): an MoE
+    layer has no .weight, so the staging is counted from the side's experts."""
+    pytest.importorskip("vllm")
+    import importlib
+
+    from vllm_xpu_memfix import config
+    from vllm_xpu_memfix.fixes import host_release
+    from vllm_xpu_memfix.patching import Patcher
+
+    name = "vllm.model_executor.layers.quantization.sym_int4"
+    module = importlib.import_module(name)
+    trims = []
+    monkeypatch.setattr(allocator, "trim", lambda: trims.append(True) or True)
+    settings = config.load({"VLLM_XPU_MEMFIX_RELEASE_EVERY_MIB": "64"})
+    patcher = Patcher()
+    experts, inter, hidden = 8, 256, 1024
+    try:
+        for patch in host_release.patches(settings):
+            if patch.module == name:
+                patcher.install(patch)
+        layer = torch.nn.Module()
+        # w13 stages 8 x 512 x 1024 params, ~26 MiB at 6.5 bytes each; w2 half of that.
+        layer.w13_weight = torch.nn.Parameter(
+            torch.randn(experts, 2 * inter, hidden, dtype=torch.bfloat16), requires_grad=False
+        )
+        layer.w2_weight = torch.nn.Parameter(
+            torch.randn(experts, hidden, inter, dtype=torch.bfloat16), requires_grad=False
+        )
+        for which in ("w13", "w2", "w13"):
+            if which == "w13" and getattr(layer, "w13_weight", None) is None:
+                layer.w13_weight = torch.nn.Parameter(
+                    torch.randn(experts, 2 * inter, hidden, dtype=torch.bfloat16),
+                    requires_grad=False,
+                )
+            module._quantize_moe_int4_side_inplace(layer, which)
+    finally:
+        patcher.revert_all()
+    assert trims == [True], "26 + 13 + 26 MiB of staging: one trim, after the third side"
+    assert hasattr(layer, "w13_qscales") or hasattr(layer, "w13_scales")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,8 @@ logger = get_logger("host_release")
 
 FIX = config.HOST_RELEASE
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
+# Set on a model once released, so a second release (after the load lock did it) is skipped.
+RELEASED = "_vllm_xpu_memfix_host_released"
 REMOVE_WHEN = RemoveWhen(
     "BaseModelLoader.load_model gives freed host memory back after processing the weights",
     "vllm.model_executor.model_loader.base_loader",
@@ -96,27 +99,41 @@ def _vocab_part(vocab: VocabRelease) -> str:
     return f"no unused vocab copies: {vocab.nothing_packed}"
 
 
-def release_after_load(instance: Any, settings: Settings) -> str:
-    """Do the release for one worker; returns the log line."""
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model right after loading, with what the release needs to know about its rank."""
+
+    model: Any
+    vllm_config: Any
+    on_device: bool
+    rank: Any
+
+
+def release_loaded_model(loaded: LoadedModel, settings: Settings) -> str | None:
+    """Do the release for one rank's model; returns the log line, or None when this model
+    was released already (the load lock does it inside its section, before the next rank
+    starts loading)."""
     from vllm_xpu_memfix.memory import allocator, audit
     from vllm_xpu_memfix.memory.vocab_copies import VocabRelease, release_unused_vocab_copies
 
+    model = loaded.model
+    if getattr(model, RELEASED, False):
+        return None
     started = time.perf_counter()
     before = _rss_anon()
-    model = instance.model_runner.get_model()
-    on_device = getattr(getattr(instance, "device", None), "type", "cpu") != "cpu"
-    if on_device:
+    if loaded.on_device:
         for leftover in audit.find_host_tensors(model)[:5]:
             logger.info("vllm-xpu-memfix: host tensor still held after loading: %s", leftover)
     released = audit.release_matching(model, settings.release_attrs)
     attr_bytes = sum(t.nbytes for t in released)
     vocab = VocabRelease()
     if settings.release_vocab_copies:
-        vocab = release_unused_vocab_copies(model, getattr(instance, "vllm_config", None))
+        vocab = release_unused_vocab_copies(model, loaded.vllm_config)
         for kept in vocab.kept:
             logger.info("vllm-xpu-memfix: vocab copy kept: %s", kept)
     freed = allocator.release_free_memory()
     after = _rss_anon()
+    setattr(model, RELEASED, True)
     parts = [
         f"RssAnon {before / MiB:,.0f} -> {after / MiB:,.0f} MiB ({(after - before) / MiB:+,.0f})",
         f"attributes released {len(released)} ({attr_bytes / MiB:,.0f} MiB)",
@@ -124,13 +141,24 @@ def release_after_load(instance: Any, settings: Settings) -> str:
         f"{freed.allocator} release {'done' if freed.released else 'unavailable'}",
         f"gc {freed.gc_s:.2f} s, trim {freed.trim_s * 1e3:.0f} ms",
     ]
-    if settings.drop_page_cache:
-        model_dir = Path(str(getattr(instance.model_config, "model", "")))
-        if model_dir.is_dir():
-            parts.append(f"page cache advised off {drop_page_cache(model_dir) / MiB:,.0f} MiB")
+    model_config = getattr(loaded.vllm_config, "model_config", None)
+    model_dir = Path(str(getattr(model_config, "model", "")))
+    if settings.drop_page_cache and model_dir.is_dir():
+        parts.append(f"page cache advised off {drop_page_cache(model_dir) / MiB:,.0f} MiB")
     parts.append(f"total {time.perf_counter() - started:.2f} s")
-    return f"vllm-xpu-memfix: rank {getattr(instance, 'rank', '?')} host release: " + "; ".join(
-        parts
+    return f"vllm-xpu-memfix: rank {loaded.rank} host release: " + "; ".join(parts)
+
+
+def release_after_load(instance: Any, settings: Settings) -> str | None:
+    """The release for one worker, from the worker object."""
+    return release_loaded_model(
+        LoadedModel(
+            model=instance.model_runner.get_model(),
+            vllm_config=getattr(instance, "vllm_config", None),
+            on_device=getattr(getattr(instance, "device", None), "type", "cpu") != "cpu",
+            rank=getattr(instance, "rank", "?"),
+        ),
+        settings,
     )
 
 
@@ -138,7 +166,9 @@ def _after_load_model(settings: Settings) -> Any:
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         result = wrapped(*args, **kwargs)
         try:
-            logger.info("%s", release_after_load(instance, settings))
+            line = release_after_load(instance, settings)
+            if line is not None:
+                logger.info("%s", line)
         except Exception:
             logger.exception("vllm-xpu-memfix: host release failed; vLLM continues")
         return result

@@ -18,8 +18,9 @@ Mechanism
     single weight was read. If so, or if the user passed ``--max-parallel-loading-workers
     N``, take one of N slots of a host-wide semaphore of file locks (``host_lock``) before
     the weights are read. The slot is given back right after ``process_weights_after_loading``,
-    once this rank's staging is gone and its allocator is trimmed (``gc.collect()`` and
-    ``malloc_trim`` inside the locked section), or at the end of ``Worker.load_model`` if
+    once this rank's staging is gone: host_release's step (attributes, unused vocabulary
+    copies, ``gc.collect()`` and ``malloc_trim``) runs inside the locked section, or just
+    gc and the trim when host_release is off; at the end of ``Worker.load_model`` if
     loading failed. No collective runs between those points: the section is the
     loader's construction, weight reading and per-layer processing of one rank
     (docs/load-lock.md shows it per vLLM version). A rank that waited
@@ -208,13 +209,23 @@ class LoadSection:
                 f" for {self.holding.waited_for}" if self.holding.waited_for else "",
             )
 
-    def leave(self) -> None:
+    def leave(self, model: Any = None, on_device: bool = False) -> None:
+        """Give the slot back, once this rank's staging is gone: host_release's whole step
+        (when that fix is on and the model is at hand), else gc and the allocator's release."""
         if self.stack is None or self.holding is None:
             return
         from vllm_xpu_memfix.memory import allocator
         from vllm_xpu_memfix.memory.snapshot import take_self
 
-        allocator.release_free_memory()  # the staging goes back before the next rank starts
+        if model is not None and self.settings.requested(config.HOST_RELEASE):
+            from vllm_xpu_memfix.fixes.host_release import LoadedModel, release_loaded_model
+
+            loaded = LoadedModel(model, self.vllm_config, on_device, self.rank)
+            line = release_loaded_model(loaded, self.settings)
+            if line is not None:
+                logger.info("%s", line)
+        else:
+            allocator.release_free_memory()
         rss = take_self(pss=False).rss_anon or 0
         holding, stack = self.holding, self.stack
         self.stack = self.holding = None
@@ -274,7 +285,9 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
 
     def after_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         result = wrapped(*args, **kwargs)
-        section.leave()
+        model = args[0] if args else kwargs.get("model")
+        target = args[2] if len(args) > 2 else kwargs.get("target_device")
+        section.leave(model, getattr(target, "type", "cpu") != "cpu")
         return result
 
     def around_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
