@@ -118,14 +118,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", type=Path)
     parser.add_argument(
-        "--arms", default=",".join(ARMS), help="comma-separated subset of: " + ", ".join(ARMS)
+        "--arms", default=";".join(ARMS), help="a ';'-separated subset of: " + "; ".join(ARMS)
     )
     default_out = Path(__file__).parent / "results" / f"load-lock-{time.strftime('%Y-%m-%d')}.md"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="load-lock-"))
     model = host_release.given_or_made_model(args.model, workdir)
-    arms = [arm.strip() for arm in args.arms.split(",")]
+    arms = [arm.strip() for arm in args.arms.split(";")]
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
         parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
