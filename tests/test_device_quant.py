@@ -44,9 +44,9 @@ def stand_in_module(library=None, esimd: bool = False) -> types.ModuleType:
     def _use_xpu_quant():
         return module._HAS_XPU_Q4_0
 
-    def _xpu_q4_0_quantize(bf16):
+    def _xpu_q4_0_quantize(bf16_xpu):
         module.esimd_calls += 1
-        return q4_0_reference.quantize(bf16, 128)
+        return q4_0_reference.quantize(bf16_xpu, 128)
 
     def _quantize_linear_int4_inplace(layer):
         bf16 = layer.weight.data
@@ -83,6 +83,13 @@ def install(monkeypatch):
     patcher.revert_all()
 
 
+def decision_lines(caplog) -> list[str]:
+    """The decision lines, once each; the layout line comes before them."""
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("sym_int4 layout: 0.14-based" in m for m in messages) == 1
+    return [m for m in messages if "quantizes on the device" in m or "keeps its host path" in m]
+
+
 def layers(count: int = 3) -> list[torch.nn.Linear]:
     torch.manual_seed(0)
     return [torch.nn.Linear(256, 64, bias=False).to(torch.bfloat16) for _ in range(count)]
@@ -103,7 +110,7 @@ def test_matching_library_routes_every_layer_to_the_kernel(install, caplog):
     for layer, (q, s) in zip(model, expected, strict=True):
         assert torch.equal(layer.weight.data, q)
         assert torch.equal(layer.weight_scale.data.view(torch.int16), s.view(torch.int16))
-    lines = [r.getMessage() for r in caplog.records if "sym_int4" in r.getMessage()]
+    lines = decision_lines(caplog)
     assert len(lines) == 1 and "quantizes on the device" in lines[0]
 
 
@@ -170,5 +177,5 @@ def test_the_users_opt_out_keeps_the_host_path(install, monkeypatch, caplog):
         for layer in model:
             module._quantize_linear_int4_inplace(layer)
     assert module.library_calls == 2  # the host path for each layer, and no self-check
-    lines = [r.getMessage() for r in caplog.records if "sym_int4" in r.getMessage()]
+    lines = decision_lines(caplog)
     assert len(lines) == 1 and "VLLM_INT4_DISABLE_XPU_QUANT is set" in lines[0]

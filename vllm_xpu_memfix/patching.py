@@ -32,7 +32,9 @@ class Patch:
     """``wrapper`` around ``target``; a ``once`` patch removes itself after its first call.
 
     ``params`` names the target's leading parameters (after ``self``) that the wrapper
-    reads; ``vllm-xpu-memfix check`` reports a target whose parameters differ.
+    reads; ``vllm-xpu-memfix check`` reports a target whose parameters differ. An
+    ``optional`` target is one that only some layouts of its module define: its absence
+    is logged at DEBUG, not as a WARNING.
     """
 
     fix: str
@@ -40,6 +42,7 @@ class Patch:
     wrapper: Wrapper
     once: bool = False
     params: tuple[str, ...] = ()
+    optional: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -151,7 +154,8 @@ class Patcher:
             )
         except (AttributeError, ImportError) as exc:
             record.state, record.reason = State.SKIPPED, f"{target} not found ({exc})"
-            logger.warning(
+            log = logger.debug if record.patch.optional else logger.warning
+            log(
                 "vllm-xpu-memfix: fix %s skipped: %s is missing in vLLM %s",
                 record.patch.fix,
                 target,

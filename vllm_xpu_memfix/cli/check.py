@@ -54,4 +54,16 @@ def main(args: argparse.Namespace) -> int:
             (fix.key, rule.change, rule.evaluate(lambda m: compat.module_source(root, m)))
         )
     print(_table(removal))
+    print(f"\nsym_int4: {sym_int4_layout(root)}")
     return 1 if missing and args.strict else 0
+
+
+def sym_int4_layout(root: Path) -> str:
+    """The installed sym_int4's layout, read from its source, and what device_quant does."""
+    from vllm_xpu_memfix import int4_layouts
+    from vllm_xpu_memfix.fixes import device_quant
+
+    source = compat.module_source(root, device_quant.MODULE)
+    if source is None:
+        return "not installed (Intel's images only): device_quant has nothing to act on"
+    return int4_layouts.recognise(int4_layouts.shape_of_source(source)).summary

@@ -422,8 +422,13 @@ def _gpu_section(measured: Measurement) -> dict[str, Any]:
 
 
 def _plugin_section(settings: Settings) -> dict[str, str]:
+    from vllm_xpu_memfix.cli import compat
+    from vllm_xpu_memfix.cli.check import sym_int4_layout
+
     plugin = {key: mode.value for key, mode in settings.modes.items()}
     plugin["enabled"] = str(settings.enabled)
+    root = compat.installed_vllm_root()
+    plugin["sym_int4"] = sym_int4_layout(root) if root is not None else "vLLM not installed"
     return plugin
 
 
@@ -469,7 +474,8 @@ def render(report: Report, args: ServeArgs) -> str:
         *(f"  {k}={v}" for k, v in report.environment.items()),
         *([] if report.environment else ["  (none of the relevant variables is set)"]),
         "Plugin switches",
-        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items()),
+        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items() if k != "sym_int4"),
+        f"  sym_int4: {report.plugin['sym_int4']}",
     ]
     if report.model:
         model = report.model

@@ -5,27 +5,40 @@ Problem
     device bf16 -> host bf16 -> host fp32 -> a C library (GGML Q4_0) -> host
     int32 + fp16 scales -> device, in every rank at once. That is the host
     staging of vllm #50269 and llm-scaler #703, and minutes of single-threaded
-    CPU work at start-up. The module already has a device seam
-    (``_use_xpu_quant`` / ``_xpu_q4_0_quantize``) that only Intel's optional
-    ESIMD package fills (llm-scaler PR #413 was never wired in).
+    CPU work at start-up. Only the 0.14-based module has a device seam
+    (``_use_xpu_quant`` / ``_xpu_q4_0_quantize``), which Intel's own ESIMD
+    package fills in those images; the 0.21 module always takes the host path.
 Mechanism
-    When the ESIMD package is absent, fill the seam with this plugin's Triton
-    Q4_0 kernel (``vllm_xpu_memfix.kernels``), but only after a self-check in
-    the process: one random tensor is quantized by the library the module
-    loads (``ggml_quantize_tensor``) and by the kernel on the device, and the
-    packed words and scale bits must be identical. If they differ, the library
-    or Triton is missing, or there is no XPU/CUDA device, the host path stays
-    and one line says why. Numerics never change silently. The module's own
-    opt-out, ``VLLM_INT4_DISABLE_XPU_QUANT=1``, always wins: the host path stays.
+    Recognise the installed module's layout from its structure
+    (``int4_layouts``): the seam layout, the host-round-trip layout (0.21), or
+    unknown. Then, only after a self-check in the process (one random tensor
+    quantized by the module's own ``ggml_quantize_tensor`` and by this plugin's
+    Triton Q4_0 kernel must give identical words and scale bits; otherwise the
+    host path stays and one line says why):
+
+    * seam layout, ESIMD package absent: fill the seam with the kernel;
+    * host-round-trip layout: quantize each Linear layer on the device (a layer
+      of the legacy load is moved there first, one at a time), K zero-padded to
+      the group as the module pads it, and hand the result to the module's
+      ``_register_linear_int4_layouts`` and the same wiring, so the layer ends as
+      the module would leave it; no host copy, no fp32, no C library;
+    * unknown layout: the host path, with one line saying why.
+
+    A weight with inf/NaN falls back to the host path for that layer. The
+    module's own opt-out, ``VLLM_INT4_DISABLE_XPU_QUANT=1``, always wins.
 Targets
-    ``vllm.model_executor.layers.quantization.sym_int4:_use_xpu_quant`` and
-    ``vllm.model_executor.layers.quantization.sym_int4:_xpu_q4_0_quantize``
-    (module globals; Intel's images only).
+    ``vllm.model_executor.layers.quantization.sym_int4:_use_xpu_quant``,
+    ``vllm.model_executor.layers.quantization.sym_int4:_xpu_q4_0_quantize`` (the
+    seam layout) and
+    ``vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace``
+    (every layout); module globals, Intel's images only. A target the installed
+    layout lacks is skipped quietly.
 Switch
     ``VLLM_XPU_MEMFIX_DEVICE_QUANT`` (auto = on; the self-check always runs).
 Upstream
-    llm-scaler: call a device Q4_0 kernel from ``_xpu_q4_0_quantize`` and make
-    it the default once it matches the C library; see docs/upstream/device-quant.md.
+    llm-scaler: call a device Q4_0 kernel from ``_quantize_linear_int4_inplace``
+    and make it the default once it matches the C library; see
+    docs/upstream/device-quant.md.
 Remove when
     ``sym_int4`` ships a portable device quantizer of its own (it mentions ``triton``).
 """
@@ -127,8 +140,54 @@ def _decide() -> tuple[bool, str]:
     return True, f"self-check on {device} matched the library bit for bit"
 
 
+def _transpose_onednn_woq_format(module: Any) -> Any:
+    """The module's own name for vllm-xpu-kernels' layout step, where it binds one."""
+    found = getattr(module, "transpose_onednn_woq_format", None)
+    if found is not None:
+        return found
+    from vllm_xpu_kernels.quantization._quantize_convert import transpose_onednn_woq_format
+
+    return transpose_onednn_woq_format
+
+
+def quantize_linear_on_device(module: Any, layer: Any, device: Any) -> None:
+    """The host-round-trip layout's per-layer step, with the words made on ``device``.
+
+    The same end state as the module's ``_quantize_linear_int4_inplace`` (0.21,
+    ``vllm-0.21.0-b2``): K zero-padded to the group, the original and padded widths
+    recorded, ``_register_linear_int4_layouts``, a ``qzeros`` placeholder, no ``weight``,
+    ``transpose_onednn_woq_format(layer, "gptq", True)``, and the processed flag.
+    Raises ``ValueError`` (inf/NaN) before touching the layer.
+    """
+    import torch
+
+    from vllm_xpu_memfix.kernels import quantize_q4_0
+
+    group = int(module.QK4_GROUP_SIZE)
+    weight = layer.weight.data.to(device)  # the legacy load's host layer: one at a time
+    n, k = weight.shape
+    qweight, scale = quantize_q4_0(weight, group)
+    padded = scale.shape[1] * group
+    del weight
+    layer._int4_in_features_orig, layer._int4_in_features_padded = k, padded
+    module._register_linear_int4_layouts(layer, qweight, scale)
+    zeros = torch.zeros((padded // group, n // 8), dtype=torch.int32, device=device)
+    layer.qzeros = torch.nn.Parameter(zeros, requires_grad=False)
+    layer.weight = None
+    _transpose_onednn_woq_format(module)(layer, "gptq", True)
+    layer._already_called_process_weights_after_loading = True
+
+
 def patches(_settings: Settings) -> tuple[Patch, ...]:
+    from vllm_xpu_memfix import int4_layouts
+
     use_device = functools.cache(_decide_and_log)  # one decision per installed patch set
+
+    @functools.cache
+    def layout() -> int4_layouts.Recognised:
+        found = int4_layouts.recognise(int4_layouts.shape_of_module(sys.modules[MODULE]))
+        logger.info("vllm-xpu-memfix: sym_int4 layout: %s", found.summary)
+        return found
 
     def plugin_kernel() -> bool:
         # Intel's ESIMD kernel, where installed, stays in charge without a word from us.
@@ -147,9 +206,33 @@ def patches(_settings: Settings) -> tuple[Patch, ...]:
         module = sys.modules[MODULE]
         return quantize_q4_0(weight.contiguous(), int(getattr(module, "QK4_GROUP_SIZE", 128)))
 
+    def _layer_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        if layout().layout is not int4_layouts.HOST_ROUND_TRIP or not plugin_kernel():
+            return wrapped(*args, **kwargs)
+        layer = args[0] if args else kwargs["layer"]
+        try:
+            quantize_linear_on_device(sys.modules[MODULE], layer, check_device())
+        except ValueError as exc:
+            logger.warning("vllm-xpu-memfix: a sym_int4 layer takes the host path: %s", exc)
+            return wrapped(*args, **kwargs)
+        return None
+
     return (
-        Patch(FIX.key, f"{MODULE}:_use_xpu_quant", _use_device),
-        Patch(FIX.key, f"{MODULE}:_xpu_q4_0_quantize", _quantize_on_device, params=("bf16_xpu",)),
+        Patch(FIX.key, f"{MODULE}:_use_xpu_quant", _use_device, optional=True),
+        Patch(
+            FIX.key,
+            f"{MODULE}:_xpu_q4_0_quantize",
+            _quantize_on_device,
+            params=("bf16_xpu",),
+            optional=True,
+        ),
+        Patch(
+            FIX.key,
+            f"{MODULE}:_quantize_linear_int4_inplace",
+            _layer_on_device,
+            params=("layer",),
+            optional=True,
+        ),
     )
 
 

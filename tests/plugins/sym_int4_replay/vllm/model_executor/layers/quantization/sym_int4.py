@@ -85,15 +85,6 @@ def ggml_quantize_tensor(
     return out_qweight, out_scale
 
 
-def _host_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The host round trip of every layout: fp32 copy, zeroed outputs, the library."""
-    staging = weight.to("cpu").float()
-    n, k = staging.shape
-    qweight = torch.zeros((n, k // QK4_PACK_FACTOR), dtype=torch.int32)
-    scale = torch.zeros((n, k // group), dtype=torch.float16)
-    return ggml_quantize_tensor(staging, qweight, scale, n, k, block_size=group, transpose=False)
-
-
 if LAYOUT == "0.14":
     _HAS_XPU_Q4_0 = False  # custom_esimd_kernels_vllm.q4_0_quant_ops is never installed here
 
@@ -108,8 +99,13 @@ if LAYOUT == "0.14":
         device = weight.device
         if device.type == "xpu" and _use_xpu_quant():
             qweight, scale = _xpu_q4_0_quantize(weight)
-        else:
-            qweight, scale = _host_quantize(weight, QK4_GROUP_SIZE)
+        else:  # the host round trip: fp32 copy, zeroed outputs, the library
+            staging = weight.to("cpu").float()
+            n, k = staging.shape
+            qweight = torch.zeros((n, k // QK4_PACK_FACTOR), dtype=torch.int32)
+            scale = torch.zeros((n, k // QK4_GROUP_SIZE), dtype=torch.float16)
+            ggml_quantize_tensor(staging, qweight, scale, n, k, QK4_GROUP_SIZE, transpose=False)
+            del staging
         del weight
         layer.weight = None
         qweight, scale = qweight.to(device), scale.to(device)
@@ -171,8 +167,12 @@ else:
         if padded != k:
             weight = torch.nn.functional.pad(weight, (0, padded - k))
         layer._int4_in_features_orig, layer._int4_in_features_padded = k, padded
-        qweight, scale = _host_quantize(weight, QK4_GROUP_SIZE)
+        staging = weight.to("cpu").float()  # the host round trip: fp32 copy, the library
         del weight
+        qweight = torch.zeros((n, padded // QK4_PACK_FACTOR), dtype=torch.int32)
+        scale = torch.zeros((n, padded // QK4_GROUP_SIZE), dtype=torch.float16)
+        ggml_quantize_tensor(staging, qweight, scale, n, padded, QK4_GROUP_SIZE, transpose=False)
+        del staging
         _register_linear_int4_layouts(layer, qweight.to(device), scale.to(device))
         zeros_shape = (padded // QK4_GROUP_SIZE, n // QK4_PACK_FACTOR)
         layer.qzeros = _frozen(torch.zeros(zeros_shape, dtype=torch.int32, device=device))

@@ -1,0 +1,199 @@
+"""device_quant on the layouts of Intel's sym_int4 that the replay reproduces
+(tests/plugins/sym_int4_replay): recognition from structure, the unknown-layout fallback,
+and, on the host-round-trip (0.21) layout, a device path that leaves every layer exactly as
+the module's host path does.
+
+The "device" is the CPU here (``check_device`` is pointed at it, where the plugin's kernel
+API runs the Q4_0 torch reference); the Triton kernel itself is checked bit for bit against
+the reference on the H200 (docs/device-quant.md). The one XPU-only call of the 0.21 wiring,
+vllm-xpu-kernels' ``transpose_onednn_woq_format``, is the replay's stand-in of that name.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from vllm_xpu_memfix import config, int4_layouts
+from vllm_xpu_memfix.patching import Patcher
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+MODULE = "vllm.model_executor.layers.quantization.sym_int4"
+
+
+@pytest.fixture
+def replay():
+    """The replay as imported here: SYM_INT4_REPLAY_LAYOUT unset gives 0.26, whose
+    functions are the 0.21 module's (the host-round-trip layout)."""
+    import importlib
+
+    module = importlib.import_module(MODULE)
+    assert module.LAYOUT in ("0.21", "0.26"), "the tests below need the 0.21 functions"
+    return module
+
+
+def test_the_host_round_trip_layout_is_recognised_from_the_module(replay):
+    found = int4_layouts.recognise(int4_layouts.shape_of_module(replay))
+    assert found.layout is int4_layouts.HOST_ROUND_TRIP
+    assert "_register_linear_int4_layouts" in found.summary
+
+
+def test_the_seam_layout_is_recognised_in_the_014_replay():
+    code = textwrap.dedent(
+        """
+        import importlib, json
+        from vllm_xpu_memfix import int4_layouts
+        module = importlib.import_module("vllm.model_executor.layers.quantization.sym_int4")
+        found = int4_layouts.recognise(int4_layouts.shape_of_module(module))
+        print(json.dumps([found.layout.key if found.layout else None, found.why]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "SYM_INT4_REPLAY_LAYOUT": "0.14"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])[0] == "seam"
+
+
+def test_an_unknown_layout_says_what_it_lacks():
+    source = textwrap.dedent(
+        """
+        def ggml_quantize_tensor(weight, out_qweight, out_scale, out_features, in_features):
+            pass
+        def _quantize_linear_int4_inplace(layer, group):
+            ggml_quantize_tensor(layer.weight, None, None, 1, 1)
+        """
+    )
+    found = int4_layouts.recognise(int4_layouts.shape_of_source(source))
+    assert found.layout is None
+    assert "not seam: no _use_xpu_quant" in found.why
+    assert "not host-round-trip: no _register_linear_int4_layouts" in found.why
+    assert found.summary.endswith("device_quant keeps the host path")
+
+
+def test_source_and_module_readings_agree_on_the_replay(replay):
+    import inspect
+
+    from_module = int4_layouts.shape_of_module(replay)
+    from_source = int4_layouts.shape_of_source(inspect.getsource(replay))
+    # The source holds both layouts' definitions; the 0.21 ones come second, so compare
+    # the names the two readings share outside the layout-specific branches.
+    for name in ("ggml_quantize_tensor", "_legacy_load"):
+        assert from_module[name][0] == from_source[name][0], name
+
+
+def layer_like(n: int = 64, k: int = 200, seed: int = 0) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return layer
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+def state(layer: torch.nn.Module) -> dict:
+    """Every parameter (dtype, shape, strides, bytes) and plain attribute the step left."""
+    tensors = {
+        name: (t.dtype, tuple(t.shape), t.stride(), as_bytes(t))
+        for name, t in layer.named_parameters()
+    }
+    plain = {k: v for k, v in vars(layer).items() if k.startswith("_int4")}
+    plain["processed"] = getattr(layer, "_already_called_process_weights_after_loading", None)
+    plain["weight"] = layer.weight
+    return {"tensors": tensors, "plain": plain}
+
+
+@pytest.fixture
+def device_path(monkeypatch, replay):
+    """Installs device_quant on the replay when asked; counts the module's library calls."""
+    from vllm_xpu_memfix.fixes import device_quant
+
+    monkeypatch.setattr(device_quant, "check_device", lambda: torch.device("cpu"))
+    calls: list[tuple] = []
+    original = replay.ggml_quantize_tensor
+
+    @functools.wraps(original)  # keeps the signature the layout is recognised by
+    def counted(*args, **kwargs):
+        calls.append(tuple(args[0].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(replay, "ggml_quantize_tensor", counted)
+    patcher = Patcher()
+    yield types.SimpleNamespace(
+        calls=calls, install=lambda: device_quant.install(patcher, config.load({}))
+    )
+    patcher.revert_all()
+
+
+@pytest.mark.parametrize("k", [256, 200])  # a whole number of groups, and one padded
+def test_the_device_path_leaves_the_layer_exactly_as_the_host_path(replay, device_path, caplog, k):
+    host_layer, device_layer = layer_like(k=k), layer_like(k=k)
+    replay._quantize_linear_int4_inplace(host_layer)
+    assert len(device_path.calls) == 1
+    expected = state(host_layer)
+
+    device_path.install()
+    with caplog.at_level(logging.INFO):
+        replay._quantize_linear_int4_inplace(device_layer)
+    assert "quantizes on the device" in caplog.text, "the device path ran"
+    assert len(device_path.calls) == 2, "the library ran for the self-check only, not the layer"
+    got = state(device_layer)
+    assert got["plain"] == expected["plain"]
+    assert got["tensors"].keys() == expected["tensors"].keys()
+    for name, (dtype, shape, stride, data) in expected["tensors"].items():
+        assert got["tensors"][name][:3] == (dtype, shape, stride), name
+        assert torch.equal(got["tensors"][name][3], data), name
+
+
+def test_a_non_finite_weight_falls_back_to_the_host_path_with_one_line(replay, device_path, caplog):
+    device_path.install()
+    layer = layer_like()
+    layer.weight.data[3, 5] = float("nan")
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="inf or NaN"):
+        # The host path runs, and the replay's library refuses NaN as the kernel did.
+        replay._quantize_linear_int4_inplace(layer)
+    lines = [r.getMessage() for r in caplog.records if "takes the host path" in r.getMessage()]
+    assert len(lines) == 1 and "inf or NaN" in lines[0]
+    assert len(device_path.calls) == 2, "the self-check, then the host path for this layer"
+
+
+def test_an_unknown_layout_keeps_the_host_path_and_says_so(monkeypatch, caplog):
+    from vllm_xpu_memfix.fixes import device_quant
+
+    module = types.ModuleType(MODULE)
+    calls = []
+
+    def _quantize_linear_int4_inplace(layer):
+        calls.append(layer)
+
+    module._quantize_linear_int4_inplace = _quantize_linear_int4_inplace
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    monkeypatch.setattr(device_quant, "check_device", lambda: torch.device("cpu"))
+    patcher = Patcher()
+    device_quant.install(patcher, config.load({}))
+    try:
+        with caplog.at_level(logging.INFO):
+            module._quantize_linear_int4_inplace("layer-1")
+            module._quantize_linear_int4_inplace("layer-2")
+    finally:
+        patcher.revert_all()
+    assert calls == ["layer-1", "layer-2"]
+    lines = [r.getMessage() for r in caplog.records if "sym_int4 layout" in r.getMessage()]
+    assert len(lines) == 1 and "unknown" in lines[0] and "keeps the host path" in lines[0]
