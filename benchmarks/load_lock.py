@@ -144,12 +144,17 @@ def main() -> None:
         base = arm.split(",")[0] + ", lock off"
         base = base if base in results else "0.21 legacy, lock off"
         ratio = median(arm, "peak_above_start") / median(base, "peak_above_start")
+        paired = [  # the same round's base arm: the rounds drift with the machine
+            mine["peak_above_start"] / theirs["peak_above_start"]
+            for mine, theirs in zip(results[arm], results[base], strict=True)
+        ]
         rows.append(
             (
                 arm,
                 f"{median(arm, 'peak_above_start'):,.0f}",
                 " / ".join(f"{r['peak_above_start']:,.0f}" for r in results[arm]),
                 f"{ratio:.2f}",
+                f"{statistics.median(paired):.2f} ({' / '.join(f'{r:.2f}' for r in paired)})",
                 f"{median(arm, 'startup_s'):.1f}",
                 f"{median(arm, 'ranks_locked'):.0f}",
             )
@@ -158,7 +163,8 @@ def main() -> None:
         "arm",
         "summed worker RssAnon peak above process start, MiB (median)",
         "each round",
-        "vs lock off",
+        "median vs lock off's median",
+        "median of the ratios to lock off in the same round (each)",
         "start-up s (median)",
         "ranks that took the lock",
     )
