@@ -236,6 +236,22 @@ def test_reserve_is_subtracted_and_logged(worker_with, caplog):
     assert "20.00 -> 19.63 GiB (1.84% given up)" in line
 
 
+def test_a_kv_size_set_by_vllms_start_up_plan_still_gets_the_reserve(worker_with, monkeypatch):
+    """VLLM_ENABLE_STARTUP_PLAN=1 (vLLM 0.26+, v1/worker/startup_plan.py) sets
+    kv_cache_memory_bytes inside determine_available_memory on a second boot; only a value
+    set before the call is the user's."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    def planned_profile(self):  # maybe_apply_startup_plan, stood in
+        self.cache_config.kv_cache_memory_bytes = self.stub_bytes
+        self.available_kv_cache_memory_bytes = self.stub_bytes
+        return self.stub_bytes
+
+    monkeypatch.setattr(Worker, "determine_available_memory", planned_profile)
+    worker = worker_with({"VLLM_XPU_MEMFIX_KV_HEADROOM": "on"})
+    assert worker.determine_available_memory() < STUB_BYTES
+
+
 def test_slack_switch_changes_the_reserve(worker_with):
     worker = worker_with(
         {"VLLM_XPU_MEMFIX_KV_HEADROOM": "on", "VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB": "0"}

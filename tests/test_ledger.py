@@ -95,3 +95,50 @@ def test_unwritable_ledger_dir_is_reported_not_raised(tmp_path):
     ledger.record("process start")
     assert ledger.write_error and "cannot write" in ledger.write_error
     assert len(ledger.entries) == 1
+
+
+def test_ready_is_the_first_batch_outside_the_warm_up(monkeypatch, caplog):
+    """vLLM's V2 runner runs execute_model inside compile_or_warm_up_model (its kernel
+    warm-up, 0.32 v1/worker/gpu_worker.py). Those calls must not end the ledger; the first
+    batch after the warm-up must, once."""
+    import logging
+
+    import pytest
+
+    pytest.importorskip("vllm")
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from vllm_xpu_memfix.fixes.ledger import Recorder
+    from vllm_xpu_memfix.patching import Patcher
+
+    batches = []
+
+    def execute_model(self, batch):
+        batches.append(batch)
+        return batch
+
+    def compile_or_warm_up_model(self):
+        self.execute_model("warm-up 1")  # what the V2 runner's warm-up does
+        self.execute_model("warm-up 2")
+
+    monkeypatch.setattr(Worker, "execute_model", execute_model)
+    monkeypatch.setattr(Worker, "compile_or_warm_up_model", compile_or_warm_up_model)
+    recorder = Recorder(None)
+    patcher = Patcher()
+    for patch in recorder.patches():
+        if patch.target.endswith((".execute_model", "Worker.compile_or_warm_up_model")):
+            patcher.install(patch)
+    worker = object.__new__(Worker)
+    worker.rank = 0
+    try:
+        with caplog.at_level(logging.INFO):
+            worker.compile_or_warm_up_model()
+            assert not recorder.current().has("ready"), "a warm-up batch ended the ledger"
+            for n in range(3):
+                worker.execute_model(f"batch {n}")
+    finally:
+        patcher.revert_all()
+    assert batches == ["warm-up 1", "warm-up 2", "batch 0", "batch 1", "batch 2"]
+    phases = [entry.phase for entry in recorder.current().entries]
+    assert phases == ["warm-up done", "ready"]
+    assert sum("host-memory ledger" in r.getMessage() for r in caplog.records) == 1

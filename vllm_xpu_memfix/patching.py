@@ -34,7 +34,9 @@ class Patch:
     ``params`` names the target's leading parameters (after ``self``) that the wrapper
     reads; ``vllm-xpu-memfix check`` reports a target whose parameters differ. An
     ``optional`` target is one that only some layouts of its module define: its absence
-    is logged at DEBUG, not as a WARNING.
+    is logged at DEBUG, not as a WARNING. A ``once`` patch with ``counts`` passes calls
+    through untouched until ``counts()`` is true (the ledger's "ready" skips the
+    warm-up's own calls of ``execute_model``).
     """
 
     fix: str
@@ -43,6 +45,7 @@ class Patch:
     once: bool = False
     params: tuple[str, ...] = ()
     optional: bool = False
+    counts: Callable[[], bool] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -184,7 +187,7 @@ class Patcher:
             wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         ) -> Any:
             nonlocal fired
-            if fired:
+            if fired or (patch.counts is not None and not patch.counts()):
                 return wrapped(*args, **kwargs)
             fired = True
             try:

@@ -204,6 +204,10 @@ def reserve_headroom(
     """``determine_available_memory`` with the reserve taken out of its result."""
     if getattr(instance, _SIZING, False):
         return wrapped(*args, **kwargs)
+    # Read before the call: vLLM's start-up plan (VLLM_ENABLE_STARTUP_PLAN, 0.26+) sets
+    # kv_cache_memory_bytes inside determine_available_memory on a second boot, which is
+    # vLLM's own figure, not the user's.
+    user_kv = getattr(getattr(instance, "cache_config", None), "kv_cache_memory_bytes", None)
     setattr(instance, _SIZING, True)  # a subclass calling super() must not reserve twice
     try:
         available = wrapped(*args, **kwargs)
@@ -219,7 +223,6 @@ def reserve_headroom(
         logger.warning("vllm-xpu-memfix: KV headroom skipped: %s: %s", type(exc).__name__, exc)
         return available
 
-    user_kv = instance.cache_config.kv_cache_memory_bytes
     if user_kv:
         _check_user_kv_size(instance, reserve, int(user_kv))
         return available

@@ -9,7 +9,8 @@ Mechanism
     From the moment vLLM builds the worker object, takes a snapshot of kernel
     memory figures (``memory.snapshot``) at each start-up phase: process start,
     weights loaded, weights processed, KV cache sized (with vLLM's byte
-    figure), KV cache allocated, warm-up done and ready (the first batch); the
+    figure), KV cache allocated, warm-up done and ready (the first batch outside
+    ``compile_or_warm_up_model``, whose V2-runner warm-up runs batches too); the
     vLLM process tree's PSS is added at the first and last. At ready each
     worker logs a table and one attribution line naming the likely cause.
     ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The
@@ -68,6 +69,9 @@ class Recorder:
     def __init__(self, jsonl_dir: Path | None) -> None:
         self.jsonl_dir = jsonl_dir
         self._ledger: Ledger | None = None
+        # vLLM's V2 runner runs execute_model inside compile_or_warm_up_model (kernel
+        # warm-up, 0.32 v1/worker/gpu_worker.py); "ready" is the first call outside it.
+        self.warming_up = 0
 
     def current(self) -> Ledger:
         if self._ledger is None:
@@ -144,6 +148,15 @@ class Recorder:
 
             return wrapper
 
+        def around_warm_up(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            self.warming_up += 1
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                self.warming_up -= 1
+            self.record("warm-up done", instance)
+            return result
+
         def at_first_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             self.record("ready", instance)
             self.report()
@@ -161,9 +174,15 @@ class Recorder:
             Patch(key, f"{_GPU}.determine_available_memory", after_kv_sizing),
             Patch(key, f"{_CPU}.determine_available_memory", after_kv_sizing),
             Patch(key, f"{_GPU}.initialize_from_config", after("KV cache allocated")),
-            Patch(key, f"{_GPU}.compile_or_warm_up_model", after("warm-up done")),
-            Patch(key, f"{_CPU}.compile_or_warm_up_model", after("warm-up done")),
-            Patch(key, f"{_GPU}.execute_model", at_first_batch, once=True),
+            Patch(key, f"{_GPU}.compile_or_warm_up_model", around_warm_up),
+            Patch(key, f"{_CPU}.compile_or_warm_up_model", around_warm_up),
+            Patch(
+                key,
+                f"{_GPU}.execute_model",
+                at_first_batch,
+                once=True,
+                counts=lambda: self.warming_up == 0,
+            ),
         )
 
 
