@@ -136,3 +136,33 @@ def test_demo_under_monitor_reports_ledger_csv_and_picture(tmp_path, clean_env):
     with (monitor_dir / "monitor.csv").open() as f:
         roles = {row["role"] for row in csv.DictReader(f)}
     assert {"api_server", "engine_core", "worker", "system"} <= roles
+
+
+def test_the_v2_model_runner_ends_the_ledger_after_its_warm_up(serve, tiny_model, tmp_path):
+    """With VLLM_USE_V2_MODEL_RUNNER=1 (the default runner from vLLM 0.34, and Intel's 0.26
+    image's, llm-scaler #697), the warm-up runs batches itself; "ready" must come after
+    "warm-up done", and the table must be logged once. vLLM refuses the V2 runner without
+    Triton ("Model Runner V2 requires Triton"), and the CPU build's Triton has no CPU
+    backend, so this runs only where Triton can drive the device; the same order is tested
+    on vLLM's own Worker class in tests/test_ledger.py everywhere."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        pytest.skip("vLLM's V2 model runner needs Triton, which has no backend on this CPU build")
+    ledger_dir = tmp_path / "ledger"
+    server = serve(
+        tiny_model,
+        env={"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)},
+    )
+    server.wait_ready()
+    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
+    log = server.log_text()
+    assert log.count("vllm-xpu-memfix: host-memory ledger, rank 0") == 1, log[-3000:]
+    for path in ledger_dir.glob("ledger-*.jsonl"):
+        rows = {
+            json.loads(line)["phase"]: json.loads(line) for line in path.read_text().splitlines()
+        }
+        if str(rows.get("process start", {}).get("role", "")).startswith("worker"):
+            assert rows["ready"]["ts"] >= rows["warm-up done"]["ts"]
+            return
+    raise AssertionError(f"no worker ledger:\n{log[-3000:]}")
