@@ -23,7 +23,7 @@ from pathlib import Path
 from vllm_xpu_memfix import config, fixes
 from vllm_xpu_memfix.cli import compat
 
-VERSIONS = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+VERSIONS = ("0.26.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_31_x86_64",
