@@ -100,8 +100,9 @@ def ledger_summed_peak(workers: dict[str, list[dict]]) -> int:
     """The workers' summed RssAnon at every phase any of them recorded (each worker at its
     latest phase): exact at those moments, so a floor under the sampled peak, which a
     sampler starved of CPU by two loading ranks can miss."""
-    events = sorted((row["ts"], name, row["rss_anon"]) for name, rows in workers.items()
-                    for row in rows)  # fmt: skip
+    events = sorted(
+        (row["ts"], name, row["rss_anon"]) for name, rows in workers.items() for row in rows
+    )
     latest: dict[str, int] = {}
     peak = 0
     for _ts, name, rss in events:

@@ -180,13 +180,20 @@ def test_the_offload_variable_adds_nothing_where_no_sym_int4_reads_it(
     host, model = issue_703
     path = fake_vllm(tmp_path, source)
     plain = json.loads(
-        doctor(str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_SYSROOT=str(host),
-               PYTHONPATH=path).stdout
-    )  # fmt: skip
+        doctor(
+            str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_SYSROOT=str(host), PYTHONPATH=path
+        ).stdout
+    )
     stale = json.loads(
-        doctor(str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_SYSROOT=str(host),
-               PYTHONPATH=path, VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT="1").stdout
-    )  # fmt: skip
+        doctor(
+            str(model),
+            *ISSUE_703,
+            "--json",
+            VLLM_XPU_MEMFIX_SYSROOT=str(host),
+            PYTHONPATH=path,
+            VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT="1",
+        ).stdout
+    )
     assert stale["per_rank"]["quantization_staging"] == plain["per_rank"]["quantization_staging"]
     assert reason in stale["model"]["staging"]
     assert not any("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT" in c for c in stale["changes"])
@@ -221,9 +228,16 @@ def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_w
     flag = [c for c in unlocked["changes"] if "--max-parallel-loading-workers 1" in c]
     assert flag and not [c for c in locked["changes"] if "--max-parallel-loading-workers" in c]
     with_flag = json.loads(
-        doctor(str(model), *ISSUE_703, "--max-parallel-loading-workers", "2", "--json",
-               VLLM_XPU_MEMFIX_LOAD_LOCK="auto", **env).stdout
-    )  # fmt: skip
+        doctor(
+            str(model),
+            *ISSUE_703,
+            "--max-parallel-loading-workers",
+            "2",
+            "--json",
+            VLLM_XPU_MEMFIX_LOAD_LOCK="auto",
+            **env,
+        ).stdout
+    )
     assert "lets 2 of 4 ranks" in with_flag["model"]["staging"]
 
 
@@ -235,11 +249,13 @@ def test_an_moe_side_is_the_unit_staged_when_it_is_larger_than_any_linear_layer(
     tensors = {"model.embed_tokens.weight": ("BF16", (4096, hidden))}
     for e in range(experts):
         p = f"model.layers.0.mlp.experts.{e}."
-        tensors.update({
-            p + "gate_proj.weight": ("BF16", (inter, hidden)),
-            p + "up_proj.weight": ("BF16", (inter, hidden)),
-            p + "down_proj.weight": ("BF16", (hidden, inter)),
-        })  # fmt: skip
+        tensors.update(
+            {
+                p + "gate_proj.weight": ("BF16", (inter, hidden)),
+                p + "up_proj.weight": ("BF16", (inter, hidden)),
+                p + "down_proj.weight": ("BF16", (hidden, inter)),
+            }
+        )
     tensors["model.layers.0.self_attn.q_proj.weight"] = ("BF16", (2048, hidden))
     write_sparse_checkpoint(tmp_path / "moe", tensors, shards=1)
     params, unit = largest_staged_params(read_checkpoint(tmp_path / "moe"))

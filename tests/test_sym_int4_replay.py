@@ -71,9 +71,14 @@ def probe(layout: str, **env: str) -> dict:
 def test_the_014_layout_has_the_device_seam_and_keeps_esimd_and_transposed_views():
     found = probe("0.14")
     assert found["names"] == sorted(
-        ["_HAS_XPU_Q4_0", "_use_xpu_quant", "_xpu_q4_0_quantize", "ggml_quantize_tensor",
-         "_quantize_linear_int4_inplace"]
-    )  # fmt: skip
+        [
+            "_HAS_XPU_Q4_0",
+            "_use_xpu_quant",
+            "_xpu_q4_0_quantize",
+            "ggml_quantize_tensor",
+            "_quantize_linear_int4_inplace",
+        ]
+    )
     state = found["state"]
     assert state["weight_esimd"] == ["torch.uint8", [64, 128], True]
     assert state["scale_esimd"] == ["torch.float16", [64, 2], True]
@@ -87,9 +92,13 @@ def test_the_014_layout_has_the_device_seam_and_keeps_esimd_and_transposed_views
 def test_the_021_layout_pads_k_and_leaves_qweight_scales_and_a_symmetric_zero(layout):
     found = probe(layout)
     assert found["names"] == sorted(
-        ["_register_linear_int4_layouts", "transpose_onednn_woq_format", "ggml_quantize_tensor",
-         "_quantize_linear_int4_inplace"]
-    )  # fmt: skip
+        [
+            "_register_linear_int4_layouts",
+            "transpose_onednn_woq_format",
+            "ggml_quantize_tensor",
+            "_quantize_linear_int4_inplace",
+        ]
+    )
     state = found["state"]
     # K 200 is padded to 256: two groups of 128.
     assert state["qweight"] == ["torch.int32", [32, 64], False]  # K-contiguous [Kp/8, N]

@@ -89,8 +89,14 @@ def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[i
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 _EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.\d+\.(?P<proj>\w+)\.weight$")
-_SIDE = {"gate_proj": "w13", "up_proj": "w13", "w1": "w13", "w3": "w13",
-         "down_proj": "w2", "w2": "w2"}  # fmt: skip
+_SIDE = {
+    "gate_proj": "w13",
+    "up_proj": "w13",
+    "w1": "w13",
+    "w3": "w13",
+    "down_proj": "w2",
+    "w2": "w2",
+}
 
 
 def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
