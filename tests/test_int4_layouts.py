@@ -197,3 +197,118 @@ def test_an_unknown_layout_keeps_the_host_path_and_says_so(monkeypatch, caplog):
     assert calls == ["layer-1", "layer-2"]
     lines = [r.getMessage() for r in caplog.records if "sym_int4 layout" in r.getMessage()]
     assert len(lines) == 1 and "unknown" in lines[0] and "keeps the host path" in lines[0]
+
+
+def moe_like(experts: int = 3, hidden: int = 256, intermediate: int = 200, seed: int = 1):
+    """An MoE layer's two sides as vLLM's FusedMoE holds them: w13 [E, 2I, H], w2 [E, H, I];
+    I = 200 needs padding to 256. Only two of the three experts are local."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = torch.nn.Module()
+    for name, shape in (("w13", (2 * intermediate, hidden)), ("w2", (hidden, intermediate))):
+        weight = torch.randn(experts, *shape, generator=generator).to(torch.bfloat16)
+        setattr(layer, f"{name}_weight", torch.nn.Parameter(weight, requires_grad=False))
+    layer.local_num_experts = experts - 1
+    return layer
+
+
+def moe_state(layer: torch.nn.Module) -> dict:
+    tensors = {
+        name: (t.dtype, tuple(t.shape), t.stride(), as_bytes(t))
+        for name, t in layer.named_parameters()
+    }
+    return {"tensors": tensors, "cleared": [layer.w13_weight, layer.w2_weight]}
+
+
+def test_the_device_path_leaves_an_moe_layer_exactly_as_the_host_path(replay, device_path, caplog):
+    host_layer, device_layer = moe_like(), moe_like()
+    for which in ("w13", "w2"):
+        replay._quantize_moe_int4_side_inplace(host_layer, which)
+    assert len(device_path.calls) == 4, "two local experts per side on the host path"
+    expected = moe_state(host_layer)
+    assert not torch.any(host_layer.w2_qweight[2]), "the non-local expert's words stay zero"
+
+    device_path.install()
+    with caplog.at_level(logging.INFO):
+        for which in ("w13", "w2"):
+            replay._quantize_moe_int4_side_inplace(device_layer, which)
+    assert len(device_path.calls) == 5, "the library ran for the self-check only"
+    assert "MoE layers keep the host path" not in caplog.text
+    got = moe_state(device_layer)
+    assert got["cleared"] == expected["cleared"] == [None, None]
+    assert (
+        got["tensors"].keys()
+        == expected["tensors"].keys()
+        == {
+            "w13_qweight",
+            "w13_qscales",
+            "w2_qweight",
+            "w2_qscales",
+        }
+    )
+    for name, (dtype, shape, stride, data) in expected["tensors"].items():
+        assert got["tensors"][name][:3] == (dtype, shape, stride), name
+        assert torch.equal(got["tensors"][name][3], data), name
+
+
+def test_a_non_finite_expert_leaves_the_side_to_the_host_path(replay, device_path, caplog):
+    device_path.install()
+    layer = moe_like()
+    layer.w2_weight.data[1, 0, 0] = float("inf")
+    before = layer.w2_weight.data.clone()
+    replay._quantize_moe_int4_side_inplace(layer, "w13")  # a finite side: on the device
+    assert len(device_path.calls) == 1
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="inf or NaN"):
+        replay._quantize_moe_int4_side_inplace(layer, "w2")
+    lines = [r.getMessage() for r in caplog.records if "takes the host path" in r.getMessage()]
+    assert len(lines) == 1 and "inf or NaN" in lines[0]
+    assert torch.equal(layer.w2_weight.data, before), "the refused side was left untouched"
+    assert len(device_path.calls) == 3, "the host path ran expert 0, then refused expert 1"
+
+
+def test_an_moe_side_function_of_another_shape_is_left_to_the_module():
+    source = textwrap.dedent(
+        """
+        def _quantize_moe_int4_side_inplace(layer, which):
+            ggml_quantize_tensor(layer, None, None, 1, 1)
+        """
+    )
+    why = int4_layouts.HOST_ROUND_TRIP.moe_side_mismatch(int4_layouts.shape_of_source(source))
+    assert why == "_quantize_moe_int4_side_inplace does not use pad, uint8"
+    assert int4_layouts.SEAM.moe_side_mismatch({}) is not None
+
+
+@pytest.mark.parametrize("opt_out", [None, "1"])
+def test_the_seam_of_the_014_replay_is_filled_unless_the_user_opted_out(opt_out):
+    code = textwrap.dedent(
+        """
+        import importlib, json, logging, torch
+        from vllm_xpu_memfix import config
+        from vllm_xpu_memfix.fixes import device_quant
+        from vllm_xpu_memfix.patching import Patcher
+        module = importlib.import_module("vllm.model_executor.layers.quantization.sym_int4")
+        device_quant.check_device = lambda: torch.device("cpu")
+        lines = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())
+        logging.getLogger("vllm_xpu_memfix").addHandler(handler)
+        logging.getLogger("vllm_xpu_memfix").setLevel(logging.INFO)
+        device_quant.install(Patcher(), config.load({}))
+        used = [module._use_xpu_quant(), module._use_xpu_quant()]
+        decided = [m for m in lines if "sym_int4 keeps" in m or "quantizes on" in m]
+        print(json.dumps([used, decided]))
+        """
+    )
+    env = {**os.environ, "SYM_INT4_REPLAY_LAYOUT": "0.14"}
+    env.pop("VLLM_INT4_DISABLE_XPU_QUANT", None)
+    if opt_out:
+        env["VLLM_INT4_DISABLE_XPU_QUANT"] = opt_out
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    used, lines = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(lines) == 1, lines
+    if opt_out:
+        assert used == [False, False] and "VLLM_INT4_DISABLE_XPU_QUANT is set" in lines[0]
+    else:
+        assert used == [True, True] and "matched the library bit for bit" in lines[0]

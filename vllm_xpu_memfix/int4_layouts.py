@@ -22,6 +22,7 @@ Shape = Mapping[str, tuple[tuple[str, ...], frozenset[str]]]
 LIBRARY_PARAMS = ("weight", "out_qweight", "out_scale", "out_features", "in_features")
 LAYER_FUNCTION = "_quantize_linear_int4_inplace"
 MOE_SIDE_FUNCTION = "_quantize_moe_int4_side_inplace"
+MOE_SIDE_PARAMS = ("layer", "which")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Layout:
     layer_calls: tuple[str, ...]
     absent: tuple[str, ...] = ()
     device_quant: str = ""
+    # What the MoE side function must look like for device_quant to take it over too.
+    moe_side_calls: tuple[str, ...] = ()
 
     def mismatch(self, shape: Shape) -> str | None:
         """Why ``shape`` is not this layout; None when it is."""
@@ -47,6 +50,18 @@ class Layout:
             return f"{LAYER_FUNCTION} does not call {', '.join(missing)}"
         present = [name for name in self.absent if name in shape]
         return f"it defines {', '.join(present)}" if present else None
+
+    def moe_side_mismatch(self, shape: Shape) -> str | None:
+        """Why this module's MoE side function is not the one device_quant replaces."""
+        if not self.moe_side_calls:
+            return f"device_quant does not take over MoE layers in the {self.key} layout"
+        if MOE_SIDE_FUNCTION not in shape:
+            return f"no {MOE_SIDE_FUNCTION}"
+        params, calls = shape[MOE_SIDE_FUNCTION]
+        if params[:2] != MOE_SIDE_PARAMS:
+            return f"{MOE_SIDE_FUNCTION}({', '.join(params)}) instead of (layer, which)"
+        missing = [name for name in self.moe_side_calls if name not in calls]
+        return f"{MOE_SIDE_FUNCTION} does not use {', '.join(missing)}" if missing else None
 
 
 SEAM = Layout(
@@ -71,8 +86,11 @@ HOST_ROUND_TRIP = Layout(
     },
     layer_calls=("_register_linear_int4_layouts", "ggml_quantize_tensor"),
     absent=("_use_xpu_quant", "_xpu_q4_0_quantize"),
-    device_quant="quantizes each Linear layer on the device and hands the result to "
-    "_register_linear_int4_layouts; the host path stays unused",
+    device_quant="quantizes each Linear layer and MoE side on the device and hands the result "
+    "to the module's layout (_register_linear_int4_layouts; <side>_qweight as uint8, "
+    "<side>_qscales); the host path stays unused",
+    # The 0.21 side zero-pads the intermediate size and stores the words as a uint8 view.
+    moe_side_calls=("ggml_quantize_tensor", "pad", "uint8"),
 )
 LAYOUTS = (SEAM, HOST_ROUND_TRIP)
 

@@ -17,11 +17,12 @@ Mechanism
     host path stays and one line says why):
 
     * seam layout, ESIMD package absent: fill the seam with the kernel;
-    * host-round-trip layout: quantize each Linear layer on the device (a layer
-      of the legacy load is moved there first, one at a time), K zero-padded to
-      the group as the module pads it, and hand the result to the module's
-      ``_register_linear_int4_layouts`` and the same wiring, so the layer ends as
-      the module would leave it; no host copy, no fp32, no C library;
+    * host-round-trip layout: quantize each Linear layer and each MoE side on
+      the device (legacy-load weights are moved there one layer, or one expert,
+      at a time), padded as the module pads, and hand the result to the module's
+      ``_register_linear_int4_layouts`` and the same wiring, or store the MoE
+      side under the module's names, so the layer ends as the module would
+      leave it (``int4_device``); no host copy, no fp32, no C library;
     * unknown layout: the host path, with one line saying why.
 
     A weight with inf/NaN falls back to the host path for that layer. The
@@ -31,7 +32,9 @@ Targets
     ``vllm.model_executor.layers.quantization.sym_int4:_xpu_q4_0_quantize`` (the
     seam layout) and
     ``vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace``
-    (every layout); module globals, Intel's images only. A target the installed
+    (every layout) and
+    ``vllm.model_executor.layers.quantization.sym_int4:_quantize_moe_int4_side_inplace``
+    (the host-round-trip layout); module globals, Intel's images only. A target the installed
     layout lacks is skipped quietly.
 Switch
     ``VLLM_XPU_MEMFIX_DEVICE_QUANT`` (auto = on; the self-check always runs).
@@ -50,7 +53,7 @@ import os
 import sys
 from typing import Any
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix import config, int4_device
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
@@ -140,44 +143,6 @@ def _decide() -> tuple[bool, str]:
     return True, f"self-check on {device} matched the library bit for bit"
 
 
-def _transpose_onednn_woq_format(module: Any) -> Any:
-    """The module's own name for vllm-xpu-kernels' layout step, where it binds one."""
-    found = getattr(module, "transpose_onednn_woq_format", None)
-    if found is not None:
-        return found
-    from vllm_xpu_kernels.quantization._quantize_convert import transpose_onednn_woq_format
-
-    return transpose_onednn_woq_format
-
-
-def quantize_linear_on_device(module: Any, layer: Any, device: Any) -> None:
-    """The host-round-trip layout's per-layer step, with the words made on ``device``.
-
-    The same end state as the module's ``_quantize_linear_int4_inplace`` (0.21,
-    ``vllm-0.21.0-b2``): K zero-padded to the group, the original and padded widths
-    recorded, ``_register_linear_int4_layouts``, a ``qzeros`` placeholder, no ``weight``,
-    ``transpose_onednn_woq_format(layer, "gptq", True)``, and the processed flag.
-    Raises ``ValueError`` (inf/NaN) before touching the layer.
-    """
-    import torch
-
-    from vllm_xpu_memfix.kernels import quantize_q4_0
-
-    group = int(module.QK4_GROUP_SIZE)
-    weight = layer.weight.data.to(device)  # the legacy load's host layer: one at a time
-    n, k = weight.shape
-    qweight, scale = quantize_q4_0(weight, group)
-    padded = scale.shape[1] * group
-    del weight
-    layer._int4_in_features_orig, layer._int4_in_features_padded = k, padded
-    module._register_linear_int4_layouts(layer, qweight, scale)
-    zeros = torch.zeros((padded // group, n // 8), dtype=torch.int32, device=device)
-    layer.qzeros = torch.nn.Parameter(zeros, requires_grad=False)
-    layer.weight = None
-    _transpose_onednn_woq_format(module)(layer, "gptq", True)
-    layer._already_called_process_weights_after_loading = True
-
-
 def patches(_settings: Settings) -> tuple[Patch, ...]:
     from vllm_xpu_memfix import int4_layouts
 
@@ -206,16 +171,34 @@ def patches(_settings: Settings) -> tuple[Patch, ...]:
         module = sys.modules[MODULE]
         return quantize_q4_0(weight.contiguous(), int(getattr(module, "QK4_GROUP_SIZE", 128)))
 
-    def _layer_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-        if layout().layout is not int4_layouts.HOST_ROUND_TRIP or not plugin_kernel():
-            return wrapped(*args, **kwargs)
-        layer = args[0] if args else kwargs["layer"]
+    @functools.cache
+    def moe_side_mismatch() -> str | None:
+        found = layout()
+        if found.layout is None:
+            return "the layout is unknown"
+        why = found.layout.moe_side_mismatch(found.shape)
+        if why is not None:
+            logger.info("vllm-xpu-memfix: sym_int4 MoE layers keep the host path: %s", why)
+        return why
+
+    def on_device_or_host(step: Any, wrapped: Any, args: Any, kwargs: Any) -> Any:
         try:
-            quantize_linear_on_device(sys.modules[MODULE], layer, check_device())
+            step(sys.modules[MODULE], *args, device=check_device(), **kwargs)
         except ValueError as exc:
             logger.warning("vllm-xpu-memfix: a sym_int4 layer takes the host path: %s", exc)
             return wrapped(*args, **kwargs)
         return None
+
+    def _layer_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        if layout().layout is not int4_layouts.HOST_ROUND_TRIP or not plugin_kernel():
+            return wrapped(*args, **kwargs)
+        return on_device_or_host(int4_device.quantize_linear, wrapped, args, kwargs)
+
+    def _moe_side_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        host_round_trip = layout().layout is int4_layouts.HOST_ROUND_TRIP
+        if not host_round_trip or not plugin_kernel() or moe_side_mismatch() is not None:
+            return wrapped(*args, **kwargs)
+        return on_device_or_host(int4_device.quantize_moe_side, wrapped, args, kwargs)
 
     return (
         Patch(FIX.key, f"{MODULE}:_use_xpu_quant", _use_device, optional=True),
@@ -231,6 +214,13 @@ def patches(_settings: Settings) -> tuple[Patch, ...]:
             f"{MODULE}:_quantize_linear_int4_inplace",
             _layer_on_device,
             params=("layer",),
+            optional=True,
+        ),
+        Patch(
+            FIX.key,
+            f"{MODULE}:_quantize_moe_int4_side_inplace",
+            _moe_side_on_device,
+            params=("layer", "which"),
             optional=True,
         ),
     )

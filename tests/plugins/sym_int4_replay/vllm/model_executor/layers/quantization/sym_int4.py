@@ -185,8 +185,9 @@ else:
         return full[:, : layer._int4_in_features_orig]
 
     def _quantize_moe_int4_side_inplace(layer: torch.nn.Module, which: str) -> None:
-        """One side (``w13`` or ``w2``) of every local expert, one expert after another,
-        with the intermediate size zero-padded to a group multiple."""
+        """One side (``w13`` or ``w2``) of the local experts (``local_num_experts``; the
+        other experts' words stay zero), one expert after another, with the intermediate
+        size zero-padded to a group multiple."""
         source = getattr(layer, f"{which}_weight").data
         device = source.device
         group = QK4_GROUP_SIZE
@@ -201,7 +202,7 @@ else:
         experts, out, k = host.shape
         qweight = torch.zeros((experts, out, k // QK4_PACK_FACTOR), dtype=torch.int32)
         scales = torch.zeros((experts, out, k // group), dtype=torch.float16)
-        for e in range(experts):
+        for e in range(getattr(layer, "local_num_experts", experts)):
             ggml_quantize_tensor(
                 host[e].float(), qweight[e], scales[e], out, k, group, transpose=False
             )
