@@ -473,7 +473,7 @@ def _model_notes(ckpt: Checkpoint, args: ServeArgs) -> list[str]:
     notes = [f"could not see {what}" for what in ckpt.unseen]
     notes += [f"refused {what}" for what in ckpt.refused]
     if not ckpt.complete:
-        notes.append(f"the checkpoint's size is {ckpt.declared_from}, not read from its headers")
+        notes.append(f"the checkpoint's size comes from {ckpt.declared_from}, not its headers")
     elif args.params is not None:
         notes.append(f"--params {args.params:,} ignored: the safetensors headers give the size")
     if not ckpt.tensors and (args.quantization or "").lower() in ON_THE_FLY_QUANT:

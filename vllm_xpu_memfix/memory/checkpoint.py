@@ -96,6 +96,8 @@ class Checkpoint:
     declared_from: str = ""
     unseen: tuple[str, ...] = ()
     refused: tuple[str, ...] = ()
+    # The dtype a bare parameter count was taken in, where no header or config names one.
+    assumed_dtype: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -119,7 +121,7 @@ class Checkpoint:
             counts[t.dtype] = counts.get(t.dtype, 0) + t.nbytes
         if counts:
             return max(counts, key=lambda d: counts[d])
-        return config_dtype(self.config) or "unknown"
+        return config_dtype(self.config) or self.assumed_dtype or "unknown"
 
 
 def _shown(text: str, limit: int = 80) -> str:
@@ -369,9 +371,10 @@ def read_checkpoint(
     unseen: list[str] = []
     declared: int | None = None
     declared_from = ""
+    assumed_dtype = None
     if missing:
         unseen.append(
-            f"{len(missing)} of {len(shard_paths)} shards named by {INDEX_NAME} are missing: "
+            f"{len(missing)} of the {len(shard_paths)} shards {INDEX_NAME} names: "
             + ", ".join(map(_shown, missing))
         )
     if not config and not config_problem:
@@ -380,7 +383,7 @@ def read_checkpoint(
         if index is not None and index.total_size is not None:
             declared, declared_from = index.total_size, f"{INDEX_NAME} total_size"
         elif params is not None:
-            dtype = config_dtype(config) or "BF16"
+            dtype = assumed_dtype = config_dtype(config) or "BF16"
             declared = params * DTYPE_BYTES[dtype]
             declared_from = f"{params:,} parameters x {dtype}"
         else:
@@ -402,6 +405,7 @@ def read_checkpoint(
         declared_from,
         tuple(unseen),
         tuple(refused),
+        assumed_dtype,
     )
 
 
@@ -415,6 +419,7 @@ def checkpoint_from_params(params: int, dtype: str = "BF16") -> Checkpoint:
         params * DTYPE_BYTES[dtype],
         f"{params:,} parameters x {dtype}",
         ("config.json", "the weights"),
+        assumed_dtype=dtype,
     )
 
 
