@@ -29,6 +29,7 @@ from vllm_xpu_memfix.memory.attribution import attribute
 from vllm_xpu_memfix.memory.checkpoint import DTYPE_BITS, INDEX_NAME
 from vllm_xpu_memfix.memory.ledger import Ledger
 from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM
 
 MiB = 1024**2
 # A valid small checkpoint: three tensors, 35 bytes of data.
@@ -253,7 +254,7 @@ def assert_doctor_agrees(directory: Path) -> None:
 
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -577,6 +578,20 @@ def test_an_id_with_only_config_and_index_cached_takes_the_indexs_size(tmp_path)
         f"the checkpoint's size comes from {INDEX_NAME} total_size, not its headers",
     ]
     assert any("does not divide the 32 attention heads" in n for n in got["notes"])
+
+
+def test_without_tensor_headers_the_staged_layer_comes_from_the_config(tmp_path):
+    """sym_int4 stages one linear layer at a time; with only config.json and the index
+    cached, the largest is hidden_size x intermediate_size, and the note says so."""
+    cache = hf_cache(tmp_path / "hub", {"config.json": CONFIG, INDEX_NAME: INDEX})
+    got = report(doctor(REPO, "--json", "-q", "sym_int4", HF_HUB_CACHE=str(cache)))
+    assert got["per_rank"]["quantization_staging"] == 4096 * 12288 * STAGING_BYTES_PER_PARAM
+    assert (
+        "no tensor header read: the staged unit is a linear layer (from config.json), and "
+        "every 16-bit weight is taken for a linear layer"
+    ) in got["notes"]
+    packed = 16_381_470_720 / 2 * (0.5 + 2 / 128)
+    assert got["model"]["device_weight_bytes_per_rank"] == pytest.approx(packed)
 
 
 def test_an_id_with_only_config_cached_needs_params(tmp_path):

@@ -36,8 +36,8 @@ def looks_like_repo_id(text: str) -> bool:
     return bool(_REPO_ID.match(text)) and ".." not in text and not text.startswith(".")
 
 
-def find_cached(repo_id: str, revision: str | None = None) -> CachedModel:
-    """The snapshot directory of ``repo_id`` in the local cache, as much as is downloaded."""
+def find_cached(repo_id: str) -> CachedModel:
+    """The snapshot ``refs/main`` names in the local cache, with as much as is downloaded."""
     try:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
@@ -48,7 +48,7 @@ def find_cached(repo_id: str, revision: str | None = None) -> CachedModel:
         ) from None
     cache = Path(constants.HF_HUB_CACHE)
     try:
-        snapshot = snapshot_download(repo_id, revision=revision, local_files_only=True)
+        snapshot = snapshot_download(repo_id, local_files_only=True)
     except HFValidationError:
         raise HubCacheError(f"{repo_id} is neither a directory nor a Hugging Face id") from None
     except LocalEntryNotFoundError:
