@@ -61,6 +61,9 @@ def test_plugin_loads_in_every_process_and_server_still_serves(serve, small_mode
     weights = parameter_bytes(small_model)
     assert worker["weights processed"]["rss_anon"] - worker["process start"]["rss_anon"] >= weights
     assert worker["KV cache sized"]["kv_cache_bytes"] == 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1
+    assert worker["KV cache sized"]["kv_cache_device"] == "cpu"
+    assert worker["weights processed"]["host_weight_bytes"] > 0
+    assert "(known: KV cache 1,024 MiB, weights " in log, "the host KV cache is taken out"
     assert worker["KV cache allocated"]["rss_anon"] - worker["KV cache sized"][
         "rss_anon"
     ] >= 0.9 * (1 << 30)

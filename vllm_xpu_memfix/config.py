@@ -117,7 +117,8 @@ def _optional_directory(variable: Variable, raw: str, _environ: Mapping[str, str
 
 
 def _existing_directory(variable: Variable, raw: str, _environ: Mapping[str, str]) -> Path:
-    path = Path(raw).expanduser()
+    # Empty means unset, as for the other path variables: Path("") would be the cwd.
+    path = Path(raw if raw.strip() else variable.default).expanduser()
     if not path.is_dir():
         raise _invalid(variable.name, raw, "an existing directory")
     return path
@@ -252,7 +253,7 @@ PARAMETERS: tuple[Variable, ...] = (
         default="/",
         accepted="a directory",
         doc="Root for the sysfs, dpkg and library look-ups of the driver guard and doctor "
-        "(point it at a recorded tree).",
+        "(point it at a recorded tree). Empty is the same as unset.",
         parse=_existing_directory,
     ),
     Variable(

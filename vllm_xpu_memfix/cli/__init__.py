@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Sequence
 
@@ -63,8 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Takes the arguments of `vllm serve` that matter for memory. "
         "Reads files only: never loads the model or starts the driver.",
     )
-    doctor.add_argument("model", nargs="?", help="checkpoint directory (safetensors)")
+    doctor.add_argument(
+        "model",
+        nargs="?",
+        help="checkpoint directory (safetensors), or a Hugging Face id read from the local cache",
+    )
     doctor.add_argument("--model", dest="model_option", help=argparse.SUPPRESS)
+    doctor.add_argument(
+        "--params",
+        type=_parameter_count,
+        help="the model's parameter count (8e9, 8B, 500M) where its weights cannot be read",
+    )
     doctor.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
     doctor.add_argument("--gpu-memory-utilization", type=_unit_interval, default=0.92)
     doctor.add_argument("--quantization", "-q")
@@ -79,6 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("-o", "--output", default="host-memory.png", help="PNG to write")
     return parser
+
+
+_COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def _parameter_count(text: str) -> int:
+    """A parameter count: a number, optionally with K, M, B (or G) or T."""
+    number, suffix = text.strip()[:-1], text.strip()[-1:].upper()
+    if suffix not in _COUNT_SUFFIX:
+        number, suffix = text.strip(), ""
+    try:
+        value = float(number) * _COUNT_SUFFIX[suffix]
+    except ValueError:
+        value = math.nan
+    if not 1 <= value <= 10**15:
+        raise argparse.ArgumentTypeError(
+            f"must be a parameter count from 1 to 1e15, e.g. 8e9 or 8B, got {text!r}"
+        )
+    return round(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,10 @@ Reads only files: /proc, the cgroup, sysfs, dpkg's status, library names and
 the checkpoint's safetensors headers. It never loads the model or starts the
 driver, so it runs in seconds. The figures are estimates; the ledger of a real
 start is the measurement.
+
+The model is a directory or a Hugging Face id, read from the local Hugging Face
+cache (never the network). Whatever doctor could not see or refused is said in the
+report; a checkpoint it cannot read at all exits 2 with one line saying why.
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ from typing import Any
 from vllm_xpu_memfix import config, driver
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
-from vllm_xpu_memfix.memory.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from vllm_xpu_memfix.memory import hub_cache
+from vllm_xpu_memfix.memory.checkpoint import (
+    TORCH_DTYPES,
+    Checkpoint,
+    CheckpointError,
+    checkpoint_from_params,
+    read_checkpoint,
+    text_config,
+)
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
 from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, GiB
 
@@ -45,13 +57,14 @@ RELEVANT_ENV = (
 
 @dataclass(frozen=True)
 class ServeArgs:
-    model: Path | None
+    model: str | None
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.92
     quantization: str | None = None
     dtype: str | None = None
     device_memory_gib: float | None = None
     max_parallel_loading_workers: int | None = None
+    params: int | None = None
 
 
 @dataclass
@@ -119,9 +132,34 @@ def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
     return True, f"{OFFLOAD}=1: sym_int4's legacy load holds the whole 16-bit shard"
 
 
+def _config_int(section: dict[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` that holds a positive integer."""
+    for key in keys:
+        value = section.get(key)
+        if type(value) is int and value > 0:
+            return value
+    return None
+
+
+def _largest_from_config(config: dict[str, Any]) -> tuple[float, str]:
+    """The largest staged unit from config.json's sizes, where no tensor header was read."""
+    text = text_config(config)
+    hidden = _config_int(text, "hidden_size")
+    if hidden is None:
+        return 0.0, "no linear layer known (neither tensor headers nor config sizes)"
+    linear = float(hidden * (_config_int(text, "intermediate_size") or hidden))
+    experts = _config_int(text, "num_experts", "num_local_experts", "n_routed_experts")
+    expert_inter = _config_int(text, "moe_intermediate_size")
+    if experts and expert_inter and 2 * experts * expert_inter * hidden > linear:
+        return float(2 * experts * expert_inter * hidden), "an MoE side (from config.json)"
+    return linear, "a linear layer (from config.json)"
+
+
 def largest_staged_params(ckpt: Checkpoint) -> tuple[float, str]:
     """Parameters of the largest unit quantized at once: a Linear weight, or one MoE side
     (all experts' gate+up, or all experts' down, of one layer)."""
+    if not ckpt.tensors:
+        return _largest_from_config(ckpt.config)
     linear = 0.0
     sides: dict[tuple[str, str], float] = {}
     for tensor in ckpt.tensors:
@@ -182,6 +220,7 @@ class Measurement:
     device_bytes: int | None
     device_source: str
     ckpt: Checkpoint | None
+    model_label: str
     legacy: tuple[bool, str]
     load_slots: int | None
 
@@ -215,6 +254,33 @@ class Estimate:
         return max(self.causes, key=lambda k: self.causes[k])
 
 
+def _params_dtype(args: ServeArgs) -> str:
+    """The checkpoint dtype assumed for a bare parameter count: --dtype's, else BF16."""
+    return TORCH_DTYPES.get((args.dtype or "").removeprefix("torch."), "BF16")
+
+
+def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
+    """The checkpoint behind ``args.model`` (a directory, else a Hugging Face id looked up
+    in the local cache) or behind ``--params`` alone, and how to name it."""
+    if args.model is None:
+        if args.params is None:
+            return None, ""
+        return checkpoint_from_params(args.params, _params_dtype(args)), "--params"
+    path = Path(args.model)
+    if path.is_dir() or path.exists() or not hub_cache.looks_like_repo_id(args.model):
+        return read_checkpoint(path, args.params), str(path)
+    try:
+        cached = hub_cache.find_cached(args.model)
+    except hub_cache.HubCacheError as exc:
+        if args.params is None:
+            raise CheckpointError(
+                f"{exc}; pass a local path, or the model's size with --params (e.g. --params 8B)"
+            ) from None
+        ckpt = checkpoint_from_params(args.params, _params_dtype(args))
+        return ckpt, f"{args.model} (not in the Hugging Face cache)"
+    return read_checkpoint(cached.snapshot, args.params, name=args.model), cached.label
+
+
 def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:
     """Read every file doctor needs; nothing is loaded or started."""
     snap = ProcReader(settings.sysroot).take("self", pss=False)
@@ -225,6 +291,7 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     used = visible[: args.tensor_parallel_size] if visible else []
     device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
     legacy = legacy_load(environ)
+    ckpt, model_label = read_model(args)
     return Measurement(
         snap=snap,
         gpus=gpus,
@@ -234,7 +301,8 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         guard=guard,
         device_bytes=device_bytes,
         device_source=device_source,
-        ckpt=read_checkpoint(args.model) if args.model else None,
+        ckpt=ckpt,
+        model_label=model_label,
         legacy=legacy,
         load_slots=load_slots(settings, args, legacy[0]),
     )
@@ -355,14 +423,65 @@ def advise(
 
 
 def _device_weight_bytes(ckpt: Checkpoint, args: ServeArgs) -> float:
-    """The checkpoint's weights as the device holds them (sym_int4 packs linear weights)."""
+    """The checkpoint's weights as the device holds them (sym_int4 packs linear weights).
+
+    Without tensor headers every 16-bit weight is taken for a linear layer."""
     weight_bytes = float(ckpt.total_bytes)
     if (args.quantization or "").lower() == "sym_int4":
-        linear = sum(
-            t.nbytes / 2 for t in ckpt.tensors if t.is_linear_weight and t.dtype in ("BF16", "F16")
-        )
+        if ckpt.tensors:
+            linear = sum(
+                t.nbytes / 2
+                for t in ckpt.tensors
+                if t.is_linear_weight and t.dtype in ("BF16", "F16")
+            )
+        else:
+            linear = weight_bytes / 2 if ckpt.dtype in ("BF16", "F16") else 0.0
         weight_bytes = weight_bytes - 2 * linear + linear * SYM_INT4_BYTES_PER_PARAM
     return weight_bytes
+
+
+def head_notes(config: dict[str, Any], tp: int) -> list[str]:
+    """Where the tensor-parallel size does not divide the attention heads, vLLM refuses
+    to start (ModelConfig.verify_with_parallel_config; QKVParallelLinear for KV heads,
+    which may instead be replicated when TP is a multiple of them)."""
+    text = text_config(config)
+    section = "text_config" if text is not config else "config.json"
+    heads = text.get("num_attention_heads")
+    if heads is None:
+        return []
+    if type(heads) is not int or heads < 1:
+        return [f"{section}: num_attention_heads {heads!r} is not a positive integer"]
+    notes = []
+    if heads % tp:
+        notes.append(
+            f"--tensor-parallel-size {tp} does not divide the {heads} attention heads "
+            f"({section} num_attention_heads): vLLM refuses to start"
+        )
+    kv_heads = text.get("num_key_value_heads", heads)
+    if type(kv_heads) is not int or kv_heads < 1:
+        notes.append(f"{section}: num_key_value_heads {kv_heads!r} is not a positive integer")
+    elif kv_heads % tp and tp % kv_heads:
+        notes.append(
+            f"--tensor-parallel-size {tp} and the {kv_heads} KV heads ({section} "
+            "num_key_value_heads) divide neither way: vLLM refuses to start"
+        )
+    return notes
+
+
+def _model_notes(ckpt: Checkpoint, args: ServeArgs) -> list[str]:
+    """What doctor could not see or refused in the model, and what it assumed instead."""
+    notes = [f"could not see {what}" for what in ckpt.unseen]
+    notes += [f"refused {what}" for what in ckpt.refused]
+    if not ckpt.complete:
+        notes.append(f"the checkpoint's size comes from {ckpt.declared_from}, not its headers")
+    elif args.params is not None:
+        notes.append(f"--params {args.params:,} ignored: the safetensors headers give the size")
+    if not ckpt.tensors and (args.quantization or "").lower() in ON_THE_FLY_QUANT:
+        notes.append(
+            f"no tensor header read: the staged unit is {largest_staged_params(ckpt)[1]}, and "
+            "every 16-bit weight is taken for a linear layer"
+        )
+    return notes + head_notes(ckpt.config, args.tensor_parallel_size)
 
 
 def _notes(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
@@ -373,6 +492,8 @@ def _notes(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[s
             f"--tensor-parallel-size {tp} but only {len(measured.visible)} Intel GPU(s) are visible"
         )
     ckpt = measured.ckpt
+    if ckpt is not None:
+        notes += _model_notes(ckpt, args)
     if (
         ckpt is not None
         and measured.device_bytes
@@ -389,9 +510,11 @@ def _model_section(
     if ckpt is None:
         return None
     return {
-        "directory": str(ckpt.directory),
+        "model": measured.model_label,
+        "directory": str(ckpt.directory) if ckpt.directory else None,
         "shards": len(ckpt.shards),
         "checkpoint_bytes": ckpt.total_bytes,
+        "size_from": "safetensors headers" if ckpt.complete else ckpt.declared_from,
         "checkpoint_dtype": ckpt.dtype,
         "device_weight_bytes_per_rank": _device_weight_bytes(ckpt, args)
         / args.tensor_parallel_size,
@@ -485,10 +608,13 @@ def render(report: Report, args: ServeArgs) -> str:
     ]
     if report.model:
         model = report.model
+        size_from = (
+            "" if model["size_from"] == "safetensors headers" else f" (from {model['size_from']})"
+        )
         lines += [
             "Model",
-            f"  {model['directory']}: {model['shards']} shard(s), "
-            f"{_gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}; "
+            f"  {model['model']}: {model['shards']} shard(s) read, "
+            f"{_gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
             f"weights on each device {_gib(model['device_weight_bytes_per_rank'])}",
         ]
     per_rank = report.per_rank
@@ -512,18 +638,21 @@ def render(report: Report, args: ServeArgs) -> str:
 
 def main(args: argparse.Namespace) -> int:
     serve = ServeArgs(
-        model=Path(args.model) if args.model else None,
+        model=args.model or None,
         tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         quantization=args.quantization,
         dtype=args.dtype,
         device_memory_gib=args.device_memory_gib,
         max_parallel_loading_workers=args.max_parallel_loading_workers,
+        params=args.params,
     )
     try:
         report = diagnose(config.load(), serve, os.environ)
     except CheckpointError as exc:
-        print(f"doctor: {exc}", file=sys.stderr)
+        # One line, whatever a hostile file name holds.
+        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+        print(f"doctor: {message}", file=sys.stderr)
         return 2
     print(report.to_json() if args.json else render(report, serve))
     return 0

@@ -8,11 +8,14 @@ Problem
 Mechanism
     From the moment vLLM builds the worker object, takes a snapshot of kernel
     memory figures (``memory.snapshot``) at each start-up phase: process start,
-    weights loaded, weights processed, KV cache sized (with vLLM's byte
-    figure), KV cache allocated, warm-up done and ready (the first batch outside
-    ``compile_or_warm_up_model``, whose V2-runner warm-up runs batches too); the
-    vLLM process tree's PSS is added at the first and last. At ready each
-    worker logs a table and one attribution line naming the likely cause.
+    weights loaded, weights processed (with the bytes of weights the model holds
+    in host memory), KV cache sized (with vLLM's byte figure and the worker's
+    device, where the KV cache will live), KV cache allocated, warm-up done and
+    ready (the first batch outside ``compile_or_warm_up_model``, whose
+    V2-runner warm-up runs batches too); the vLLM process tree's PSS is added at
+    the first and last. At ready each worker logs a table and one attribution
+    line: the parts it knows (a KV cache and weights in host memory) are taken
+    out, and the likely cause is named for what remains.
     ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The
     "ready" hook removes itself after the first batch, so nothing stays on the
     per-step path.
@@ -61,6 +64,24 @@ REMOVE_WHEN = RemoveWhen(
 )
 _GPU = "vllm.v1.worker.gpu_worker:Worker"
 _CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
+
+
+def host_weight_bytes(model: Any) -> int | None:
+    """Bytes of the model's parameters and buffers that live in host memory."""
+    try:
+        tensors = [*model.parameters(), *model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors if t.device.type == "cpu")
+    except Exception:
+        return None
+
+
+def device_type(instance: Any) -> str | None:
+    """The type of the worker's device (``"cpu"`` on vLLM's CPU backend), where it has one."""
+    try:
+        device_type = getattr(getattr(instance, "device", None), "type", None)
+    except Exception:  # the ledger only observes; a surprise leaves the figure out
+        return None
+    return device_type if isinstance(device_type, str) else None
 
 
 class Recorder:
@@ -120,7 +141,8 @@ class Recorder:
         def around_weight_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
             self.record("weights loaded")
             result = wrapped(*args, **kwargs)
-            self.record("weights processed")
+            model = kwargs.get("model", args[0] if args else None)
+            self.record("weights processed", host_weight_bytes=host_weight_bytes(model))
             return result
 
         def after_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -137,7 +159,12 @@ class Recorder:
 
         def after_kv_sizing(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             available = wrapped(*args, **kwargs)
-            self.record("KV cache sized", instance, kv_cache_bytes=available)
+            self.record(
+                "KV cache sized",
+                instance,
+                kv_cache_bytes=available,
+                kv_cache_device=device_type(instance),
+            )
             return available
 
         def after(phase: str) -> Any:

@@ -43,6 +43,11 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / MiB:,.0f}"
 
 
+def _mib_known(value: int) -> str:
+    """A known part in MiB, with a decimal where it is small (a tiny model's weights)."""
+    return f"{value / MiB:,.1f}" if value < 10 * MiB else f"{value / MiB:,.0f}"
+
+
 class Ledger:
     """Snapshots at start-up phases; each phase is recorded once, in the order it happens.
 
@@ -110,11 +115,41 @@ class Ledger:
         except OSError as exc:
             self.write_error = f"cannot write {self.jsonl_path}: {exc}"
 
+    @property
+    def cpu_backend(self) -> bool:
+        """Whether the worker runs on vLLM's CPU backend (its KV cache lives on the host)."""
+        return any(e.extra.get("kv_cache_device") == "cpu" for e in self.entries)
+
+    def known_host_parts(self) -> dict[str, int]:
+        """Host memory the ledger knows the owner of, recorded after the first phase: the
+        KV cache where it lives in host memory (vLLM's byte figure, once it is allocated)
+        and the weights the model holds in host memory."""
+        later = {e.phase: e.extra for e in self.entries[1:]}
+        known = {}
+        kv = later.get("KV cache sized", {})
+        if (
+            "KV cache allocated" in later
+            and self.cpu_backend
+            and isinstance(kv.get("kv_cache_bytes"), int)
+        ):
+            known["KV cache"] = kv["kv_cache_bytes"]
+        weights = later.get("weights processed", {}).get("host_weight_bytes")
+        if isinstance(weights, int) and weights > 0:
+            known["weights"] = weights
+        return known
+
     def attribution(self) -> Attribution | None:
         if len(self.entries) < 2:
             return None
         first, last = self.entries[0], self.entries[-1]
-        return attribute(first.snapshot, last.snapshot, first.tree_anon_pss, last.tree_anon_pss)
+        return attribute(
+            first.snapshot,
+            last.snapshot,
+            first.tree_anon_pss,
+            last.tree_anon_pss,
+            self.known_host_parts(),
+            self.cpu_backend,
+        )
 
     def table(self) -> str:
         """Phase x host figures in MiB, MemAvailable as the drop since the first phase."""
@@ -158,8 +193,12 @@ class Ledger:
         a = self.attribution()
         if a is None:
             return "attribution: not enough phases recorded"
+        anon = f"anon {a.anon / MiB:+,.0f} MiB"
+        if a.known:
+            owners = ", ".join(f"{name} {_mib_known(size)} MiB" for name, size in a.known.items())
+            anon += f" (known: {owners}; unexplained {a.unexplained_anon / MiB:+,.0f} MiB)"
         parts = [
-            f"anon {a.anon / MiB:+,.0f} MiB",
+            anon,
             f"file {a.file / MiB:+,.0f} MiB",
             f"page cache {a.page_cache / MiB:+,.0f} MiB",
         ]
