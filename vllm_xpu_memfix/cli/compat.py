@@ -53,6 +53,8 @@ def _parse(path: Path) -> tuple[str, ast.Module]:
         raise Unreadable(path, str(exc)) from None
     except OSError as exc:
         raise Unreadable(path, exc.strerror or str(exc)) from None
+    except (RecursionError, MemoryError):  # ast's limits on nesting
+        raise Unreadable(path, "nested too deeply to parse") from None
 
 
 def module_source(root: Path, module: str) -> str | None:

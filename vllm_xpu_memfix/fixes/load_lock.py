@@ -309,7 +309,10 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
         model = args[0] if args else kwargs.get("model")
         target = args[2] if len(args) > 2 else kwargs.get("target_device")
         on_device = getattr(target, "type", "cpu") != "cpu"
-        _contained("giving the slot back", lambda: section.leave(model, on_device))
+        _contained(
+            "freeing this rank's staging and giving the slot back",
+            lambda: section.leave(model, on_device),
+        )
         return result
 
     def around_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
