@@ -31,6 +31,8 @@ def test_every_variable_has_a_row_with_its_default_and_values():
         assert default.startswith(expected_default), variable.name
         for value in variable.choices:
             assert f"`{value}`" in values, (variable.name, value)
+        if variable.bounds is not None:
+            assert values.startswith(variable.bounds.accepted), (variable.name, values)
         assert values and effect
 
 

@@ -117,7 +117,7 @@ def test_an_unusable_lock_directory_logs_an_error_and_loads_unlocked(tmp_path, c
     section = load_lock.LoadSection(settings)
     with caplog.at_level(logging.ERROR):
         section.enter(model_with("cpu"), parallel())
-    assert section.stack is None
+    assert section.holding is None
     assert any(
         "loads unlocked" in r.getMessage() and "symlink" in r.getMessage() for r in caplog.records
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,10 +70,20 @@ class Variable:
     doc: str
     parse: Parser
     choices: tuple[str, ...] = ()
+    bounds: Bounds | None = None
+
+
+def shown(value: str, limit: int = 60) -> str:
+    """``value`` quoted for a one-line message, cut after ``limit`` characters."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} chars)"
+
+
+def _refusal(value: str, accepted: str) -> str:
+    return f"{shown(value)} is not valid; accepted values: {accepted}"
 
 
 def _invalid(name: str, value: str, accepted: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r} is not valid; accepted values: {accepted}")
+    return ConfigError(f"{name}={_refusal(value, accepted)}")
 
 
 def _choice(variable: Variable, raw: str, _environ: Mapping[str, str]) -> str:
@@ -86,21 +97,67 @@ def _switch(variable: Variable, raw: str, environ: Mapping[str, str]) -> bool:
     return _choice(variable, raw, environ) in _TRUE
 
 
-def _number(
-    *, integer: bool, minimum: float, exclusive: bool = False, maximum: float = math.inf
-) -> Parser:
-    def parse(variable: Variable, raw: str, _environ: Mapping[str, str]) -> float:
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else repr(number)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The one rule for every number the plugin reads, from a variable or a CLI option:
+    plain decimal digits (no ``nan``, ``inf``, ``1_000``), finite, and within
+    ``minimum``..``maximum`` (strictly above ``minimum`` when ``above_minimum``)."""
+
+    minimum: float
+    maximum: float
+    integer: bool = False
+    above_minimum: bool = False
+    unit: str = ""
+
+    @property
+    def accepted(self) -> str:
+        low, high = _plain(self.minimum), _plain(self.maximum)
+        unit = f" ({self.unit})" if self.unit else ""
+        if self.integer:
+            return f"an integer from {low} to {high}{unit}"
+        if self.above_minimum:
+            return f"a number above {low} and at most {high}{unit}"
+        return f"a number from {low} to {high}{unit}"
+
+    def value_of(self, raw: str) -> float | None:
+        """The number ``raw`` spells (an ``int`` for integers), or None when it spells
+        none within the bounds."""
+        text = raw.strip()
+        if not (_INTEGER if self.integer else _DECIMAL).fullmatch(text):
+            return None
         try:
-            value = int(raw) if integer else float(raw)
-        except ValueError:
-            raise _invalid(variable.name, raw, variable.accepted) from None
-        if not math.isfinite(value) or not minimum <= value <= maximum:
-            raise _invalid(variable.name, raw, variable.accepted)
-        if exclusive and value == minimum:
-            raise _invalid(variable.name, raw, variable.accepted)
+            value = int(text) if self.integer else float(text)
+        except ValueError:  # more digits than int() converts
+            return None
+        if not math.isfinite(value) or not self.minimum <= value <= self.maximum:
+            return None
+        if self.above_minimum and value == self.minimum:
+            return None
         return value
 
-    return parse
+    def parse(self, name: str, raw: str) -> float:
+        """:meth:`value_of`, or :class:`ConfigError` naming ``name``, ``raw`` and the range."""
+        value = self.value_of(raw)
+        if value is None:
+            raise _invalid(name, raw, self.accepted)
+        return value
+
+    def refusal(self, raw: str) -> str:
+        """Why ``raw`` is refused, without a name (a CLI parser puts the option's)."""
+        return _refusal(raw, self.accepted)
+
+
+def _number(variable: Variable, raw: str, _environ: Mapping[str, str]) -> float:
+    assert variable.bounds is not None
+    return variable.bounds.parse(variable.name, raw)
 
 
 def _patterns(_variable: Variable, raw: str, _environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -132,6 +189,12 @@ def _lock_dir(variable: Variable, raw: str, environ: Mapping[str, str]) -> Path:
     return Path(raw)
 
 
+SLOTS = Bounds(1, 1024, integer=True)
+# A day: a finite wait, so start-up never hangs on the plugin.
+TIMEOUT_S = Bounds(0, 86_400, above_minimum=True, unit="seconds")
+MIB = Bounds(0, 1 << 20, integer=True, unit="MiB")  # up to 1 TiB
+
+
 def _host_semaphore(kind: str, who: str, proceeds: str, timeout_s: str) -> tuple[Variable, ...]:
     """The slots, time-out and scope of one of the plugin's host-wide locks."""
     upper = kind.upper()
@@ -140,18 +203,20 @@ def _host_semaphore(kind: str, who: str, proceeds: str, timeout_s: str) -> tuple
             name=f"{PREFIX}_{upper}_SLOTS",
             field=f"{kind}_slots",
             default="1",
-            accepted="an integer from 1 to 1024",
+            accepted=SLOTS.accepted,
             doc=f"How many {who} at once on the host (or engine).",
-            parse=_number(integer=True, minimum=1, maximum=1024),
+            parse=_number,
+            bounds=SLOTS,
         ),
         Variable(
             name=f"{PREFIX}_{upper}_TIMEOUT_S",
             field=f"{kind}_timeout_s",
             default=timeout_s,
-            accepted="a finite number of seconds > 0",
+            accepted=TIMEOUT_S.accepted,
             doc=f"A rank that waited this long logs a WARNING naming the holder and {proceeds} "
             "without the lock.",
-            parse=_number(integer=False, minimum=0.0, exclusive=True),
+            parse=_number,
+            bounds=TIMEOUT_S,
         ),
         Variable(
             name=f"{PREFIX}_{upper}_SCOPE",
@@ -269,10 +334,11 @@ PARAMETERS: tuple[Variable, ...] = (
         name=f"{PREFIX}_RELEASE_EVERY_MIB",
         field="release_every_mib",
         default="1024",
-        accepted="an integer >= 0 (0: only after loading)",
+        accepted=MIB.accepted,
         doc="With Intel's sym_int4, give memory back after every this many MiB of per-layer "
         "host staging.",
-        parse=_number(integer=True, minimum=0),
+        parse=_number,
+        bounds=MIB,
     ),
     Variable(
         name=f"{PREFIX}_DROP_PAGE_CACHE",
@@ -304,18 +370,20 @@ PARAMETERS: tuple[Variable, ...] = (
         accepted="an absolute directory path",
         doc="Where the lock files live; default $XDG_RUNTIME_DIR/vllm-xpu-memfix, else "
         "/tmp/vllm-xpu-memfix-<uid>. Created with mode 0700; a symlink, another user's or a "
-        "group/world-writable directory is refused.",
+        "group/world-writable directory is refused, and so is an entry in it that is not a "
+        "regular file (the warm-up or load then runs unlocked).",
         parse=_lock_dir,
     ),
     Variable(
         name=f"{PREFIX}_KV_HEADROOM_SLACK_MIB",
         field="kv_headroom_slack_mib",
         default="256",
-        accepted="an integer >= 0",
+        accepted=MIB.accepted,
         doc="Device memory (MiB) kv_headroom keeps free besides the gathered logits, for "
         "growth outside torch after profiling (Level Zero modules, oneCCL buffers, "
         "fragmentation).",
-        parse=_number(integer=True, minimum=0),
+        parse=_number,
+        bounds=MIB,
     ),
 )
 

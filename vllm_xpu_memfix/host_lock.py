@@ -1,14 +1,22 @@
 """A host-wide counting semaphore on kernel-released file locks.
 
-Each of N slots is one ``fcntl`` lock file (through ``filelock``): the kernel
-drops a dead holder's lock with its file descriptor, so a crash never leaves a
-slot taken. The holder writes its pid and start time into a separate
-``.owner`` file (``filelock`` truncates the lock file itself on every attempt),
-so a waiter can say whom it waits for. The directory is per user, mode 0700.
+Each of N slots is one lock file held with ``fcntl.flock``: the kernel drops a
+dead holder's lock with its file descriptor, so a crash never leaves a slot
+taken. The holder writes its pid and start time into a separate ``.owner``
+file, so a waiter can say whom it waits for. The directory is per user, mode
+0700.
+
+Every entry of the directory is opened without following a symlink
+(``O_NOFOLLOW``) and without blocking (``O_NONBLOCK``, so a FIFO cannot stall
+the open), must be a regular file, and is read at most ``OWNER_READ_BYTES`` at a
+time; anything else raises :class:`LockDirError` naming the path and what it is,
+and the caller then runs unlocked. Nothing is ever written through a link.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 import time
@@ -17,13 +25,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 POLL_S = 0.05
+OWNER_READ_BYTES = 4096
+_SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class LockDirError(RuntimeError):
-    """The lock directory is not safe to use."""
+    """The lock directory, or an entry in it, is not safe to use."""
 
 
 def prepare_lock_dir(path: Path) -> Path:
@@ -60,12 +68,92 @@ def scoped_name(name: str, scope: str) -> str:
     return name if scope == "host" else f"{name}-engine{os.getppid()}"
 
 
+def _what_is(path: Path) -> str:
+    """What stands at ``path`` instead of a regular file, for a refusal message."""
+    try:
+        info = path.lstat()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            return f"a symlink (to {os.readlink(path)})"
+        except OSError:
+            return "a symlink"
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(info.st_mode)), "not a regular file")
+
+
+def _refused(path: Path) -> LockDirError:
+    return LockDirError(
+        f"{path} is {_what_is(path)}, not a regular file; refusing to use it "
+        "(remove it to let the lock work again)"
+    )
+
+
+def open_entry(path: Path, flags: int) -> int:
+    """A descriptor of the regular file ``path`` (created 0600 with ``O_CREAT``).
+
+    Never follows a symlink and never blocks on a FIFO; anything but a regular
+    file raises :class:`LockDirError`. ``FileNotFoundError`` passes through.
+    """
+    try:
+        fd = os.open(path, flags | _SAFE_OPEN, 0o600)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        # ELOOP: a symlink; EISDIR: a directory; ENXIO: a FIFO without reader, a socket.
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise _refused(path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _refused(path)
+    return fd
+
+
+def read_owner(path: Path) -> str | None:
+    """The first ``OWNER_READ_BYTES`` of an owner file; None when there is none yet."""
+    try:
+        fd = open_entry(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, OWNER_READ_BYTES).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def write_owner(path: Path, text: str) -> None:
+    """Replace the owner file's text; a file with other hard links is refused, since
+    writing it would change the linked file too."""
+    fd = open_entry(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        links = os.fstat(fd).st_nlink
+        if links > 1:
+            raise LockDirError(
+                f"{path} has {links} hard links; refusing to write it (remove it to let the "
+                "lock work again)"
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Holding:
     slot: int | None
     waited_s: float
     waited_for: str
     held_s: float = 0.0
+    fd: int | None = None
+    held_from: float = 0.0
 
     @property
     def acquired(self) -> bool:
@@ -86,49 +174,62 @@ class HostSemaphore:
 
     def holders(self) -> str:
         """Who holds the slots, as their owner files say (may be stale for free slots)."""
-        owners = []
-        for slot in range(self.slots):
-            try:
-                owners.append(self._owner_path(slot).read_text().strip())
-            except OSError:
-                continue
-        return ", ".join(owners) or "unknown"
+        owners = [read_owner(self._owner_path(slot)) for slot in range(self.slots)]
+        return ", ".join(owner for owner in owners if owner) or "unknown"
+
+    def _try_slot(self, slot: int) -> int | None:
+        """A descriptor holding ``slot``'s lock, or None when another process holds it."""
+        fd = open_entry(self._lock_path(slot), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def acquire(self, timeout_s: float) -> Holding:
+        """Take a slot, or give up after ``timeout_s``: the :class:`Holding` says which
+        slot (``None`` after a time-out), how long the wait was and for whom. Raises
+        :class:`LockDirError` (or ``OSError``) with no slot held."""
+        prepare_lock_dir(self.directory)
+        started = time.monotonic()
+        waited_for = ""
+        while True:
+            for slot in range(self.slots):
+                fd = self._try_slot(slot)
+                if fd is not None:
+                    return self._own(slot, fd, time.monotonic() - started, waited_for)
+            waited_for = waited_for or self.holders()
+            if time.monotonic() - started >= timeout_s:
+                return Holding(None, time.monotonic() - started, waited_for)
+            time.sleep(POLL_S)
+
+    def _own(self, slot: int, fd: int, waited_s: float, waited_for: str) -> Holding:
+        try:
+            write_owner(
+                self._owner_path(slot), f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n"
+            )
+        except BaseException:
+            os.close(fd)  # closing the descriptor drops the lock
+            raise
+        return Holding(slot, waited_s, waited_for, fd=fd, held_from=time.monotonic())
+
+    def release(self, holding: Holding) -> None:
+        """Give the slot back (a no-op for a holding that timed out or was released)."""
+        if holding.fd is None:
+            return
+        holding.held_s = time.monotonic() - holding.held_from
+        fd, holding.fd = holding.fd, None
+        os.close(fd)
 
     @contextmanager
     def hold(self, timeout_s: float) -> Iterator[Holding]:
-        """Hold a slot for the ``with`` block; after ``timeout_s`` proceed without one.
-
-        The yielded :class:`Holding` says which slot (``None`` after a time-out),
-        how long the wait was and for whom.
-        """
-        prepare_lock_dir(self.directory)
-        locks = [FileLock(str(self._lock_path(s)), mode=0o600) for s in range(self.slots)]
-        started = time.monotonic()
-        waited_for = ""
-        taken: int | None = None
-        while taken is None:
-            for slot, lock in enumerate(locks):
-                try:
-                    lock.acquire(timeout=0)
-                except Timeout:
-                    continue
-                taken = slot
-                break
-            if taken is not None:
-                break
-            waited_for = waited_for or self.holders()
-            if time.monotonic() - started >= timeout_s:
-                break
-            time.sleep(POLL_S)
-        holding = Holding(taken, time.monotonic() - started, waited_for)
-        if taken is not None:
-            self._owner_path(taken).write_text(
-                f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n"
-            )
-        held_from = time.monotonic()
+        """:meth:`acquire` for the ``with`` block, released at its end."""
+        holding = self.acquire(timeout_s)
         try:
             yield holding
         finally:
-            holding.held_s = time.monotonic() - held_from
-            if taken is not None:
-                locks[taken].release()
+            self.release(holding)

@@ -8,29 +8,41 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from vllm_xpu_memfix import __version__, config
 
 
-def _unit_interval(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (exit 2), naming the option and what it accepts."""
+
+    def error(self, message: str) -> NoReturn:
+        line = message.replace("\n", "\\n")
+        self.exit(2, f"{self.prog}: error: {line}; see {self.prog} --help\n")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _number(bounds: config.Bounds) -> Callable[[str], float]:
+    """An argparse type holding an option to the same rule as the plugin's variables."""
+
+    def parse(text: str) -> float:
+        value = bounds.value_of(text)
+        if value is None:
+            raise argparse.ArgumentTypeError(bounds.refusal(text))
+        return value
+
+    return parse
+
+
+RANKS = config.Bounds(1, 1024, integer=True)
+UTILIZATION = config.Bounds(0, 1, above_minimum=True)
+DEVICE_GIB = config.Bounds(0, 16_384, above_minimum=True, unit="GiB")
+INTERVAL_S = config.Bounds(0.01, 3600, unit="seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-xpu-memfix", description=__doc__)
+    parser = _Parser(prog="vllm-xpu-memfix", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser(
@@ -53,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command (e.g. vllm serve) and sample its process tree's host memory to CSV",
         usage="vllm-xpu-memfix monitor [--interval S] [--out DIR] -- COMMAND...",
     )
-    monitor.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
+    monitor.add_argument(
+        "--interval",
+        type=_number(INTERVAL_S),
+        default=0.5,
+        help=f"seconds between samples, {INTERVAL_S.accepted} (default: %(default)s)",
+    )
     monitor.add_argument(
         "--out", help="output directory (default: ./vllm-xpu-memfix-monitor-<time>)"
     )
@@ -75,39 +92,44 @@ def build_parser() -> argparse.ArgumentParser:
         type=_parameter_count,
         help="the model's parameter count (8e9, 8B, 500M) where its weights cannot be read",
     )
-    doctor.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
-    doctor.add_argument("--gpu-memory-utilization", type=_unit_interval, default=0.92)
+    doctor.add_argument("--tensor-parallel-size", "-tp", type=_number(RANKS), default=1)
+    doctor.add_argument("--gpu-memory-utilization", type=_number(UTILIZATION), default=0.92)
     doctor.add_argument("--quantization", "-q")
     doctor.add_argument("--dtype")
-    doctor.add_argument("--device-memory-gib", type=float, help="per-GPU memory if sysfs lacks it")
-    doctor.add_argument("--max-parallel-loading-workers", type=_positive_int)
+    doctor.add_argument(
+        "--device-memory-gib",
+        type=_number(DEVICE_GIB),
+        help=f"per-GPU memory if sysfs lacks it, {DEVICE_GIB.accepted}",
+    )
+    doctor.add_argument("--max-parallel-loading-workers", type=_number(RANKS))
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")
     plot.add_argument(
         "--ledger", help="directory of ledger JSON lines (VLLM_XPU_MEMFIX_LEDGER_DIR)"
     )
-    plot.add_argument("-o", "--output", default="host-memory.png", help="PNG to write")
+    plot.add_argument(
+        "-o",
+        "--output",
+        help="file to write (.png, .svg or .pdf), or a directory to write host-memory.png "
+        "into (default: ./host-memory.png)",
+    )
     return parser
 
 
-_COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+_COUNT_SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+PARAMS = config.Bounds(1, 10**15)
+SCALED = config.Bounds(0, 10**15, above_minimum=True)  # before K, M, B or T
 
 
 def _parameter_count(text: str) -> int:
-    """A parameter count: a number, optionally with K, M, B (or G) or T."""
-    number, suffix = text.strip()[:-1], text.strip()[-1:].upper()
-    if suffix not in _COUNT_SUFFIX:
-        number, suffix = text.strip(), ""
-    try:
-        value = float(number) * _COUNT_SUFFIX[suffix]
-    except ValueError:
-        value = math.nan
-    if not 1 <= value <= 10**15:
-        raise argparse.ArgumentTypeError(
-            f"must be a parameter count from 1 to 1e15, e.g. 8e9 or 8B, got {text!r}"
-        )
-    return round(value)
+    """A parameter count under the one number rule, optionally scaled by K, M, B (or G), T."""
+    scale = _COUNT_SUFFIX.get(text.strip()[-1:].upper(), 1)
+    mantissa = SCALED.value_of(text.strip()[:-1] if scale > 1 else text)
+    count = None if mantissa is None else PARAMS.value_of(repr(mantissa * scale))
+    if count is None:
+        raise argparse.ArgumentTypeError(f"{PARAMS.refusal(text)}, optionally with K, M, B or T")
+    return round(count)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from vllm_xpu_memfix import __version__, config, fixes
@@ -23,17 +24,33 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     settings = config.load()
-    root = Path(args.source) if args.source else compat.installed_vllm_root()
+    if args.source is not None and not args.source.strip():
+        print("check: --source is empty; give the directory that holds vllm/", file=sys.stderr)
+        return 2
+    root = Path(args.source) if args.source is not None else compat.installed_vllm_root()
     if root is None:
-        print("vLLM is not installed in this environment; pass --source DIR to scan a source tree.")
+        print(
+            "check: vLLM is not installed in this environment; pass --source DIR to scan a "
+            "source tree.",
+            file=sys.stderr,
+        )
         return 2
     if not (root / "vllm").is_dir():
-        print(f"{root} holds no vllm/ package directory.", file=sys.stderr)
+        print(f"check: {root} holds no vllm/ package directory.", file=sys.stderr)
         return 2
     print(
         f"vllm-xpu-memfix {__version__}; plugin {'enabled' if settings.enabled else 'DISABLED'}"
         f" ({config.MASTER.name}); vLLM source: {root / 'vllm'}\n"
     )
+    unreadable: dict[Path, str] = {}
+
+    def readable(read: Callable[[], str]) -> str:
+        try:
+            return read()
+        except compat.Unreadable as exc:
+            unreadable[exc.path] = exc.reason
+            return "unreadable (see below)"
+
     rows = [("fix", "switch", "value", "target", "status")]
     missing = 0
     for fix in config.FIXES:
@@ -42,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         if not patches:
             rows.append((fix.key, fix.env, value, "(none: acts at registration)", "-"))
         for patch in patches:
-            status = compat.target_status(root, patch.target, patch.params)
+            status = readable(partial(compat.target_status, root, patch.target, patch.params))
             missing += status != compat.PRESENT and patch.module not in compat.INTEL_IMAGE_MODULES
             rows.append((fix.key, fix.env, value, patch.target, status))
     print(_table(rows))
@@ -50,11 +67,12 @@ def main(args: argparse.Namespace) -> int:
     removal = [("fix", "remove when", "upstream")]
     for fix in config.FIXES:
         rule = fixes.module_of(fix).REMOVE_WHEN
-        removal.append(
-            (fix.key, rule.change, rule.evaluate(lambda m: compat.module_source(root, m)))
-        )
+        upstream = readable(partial(rule.evaluate, partial(compat.module_source, root)))
+        removal.append((fix.key, rule.change, upstream))
     print(_table(removal))
-    print(f"\nsym_int4: {sym_int4_layout(root)}")
+    print(f"\nsym_int4: {readable(partial(sym_int4_layout, root))}")
+    for path, reason in unreadable.items():
+        print(f"unreadable: {path}: {reason}")
     return 1 if missing and args.strict else 0
 
 

@@ -31,10 +31,37 @@ def _module_file(root: Path, module: str) -> Path | None:
     return None
 
 
+class Unreadable(Exception):
+    """A module file that is there but is not Python source: bad UTF-8, a NUL byte, a
+    syntax error, or a read error."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def _parse(path: Path) -> tuple[str, ast.Module]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        return source, ast.parse(source, str(path))
+    except UnicodeDecodeError as exc:
+        raise Unreadable(path, f"not UTF-8 (byte {exc.start})") from None
+    except SyntaxError as exc:
+        where = f" at line {exc.lineno}" if exc.lineno else ""
+        raise Unreadable(path, f"syntax error{where}: {exc.msg}") from None
+    except ValueError as exc:  # a NUL byte, on Python versions that raise ValueError for it
+        raise Unreadable(path, str(exc)) from None
+    except OSError as exc:
+        raise Unreadable(path, exc.strerror or str(exc)) from None
+    except (RecursionError, MemoryError):  # ast's limits on nesting
+        raise Unreadable(path, "nested too deeply to parse") from None
+
+
 def module_source(root: Path, module: str) -> str | None:
-    """The source text of ``module`` in the tree under ``root``; None when it is absent."""
+    """The source text of ``module`` in the tree under ``root``; None when it is absent.
+    Raises :class:`Unreadable` when the file is there but is not Python source."""
     path = _module_file(root, module)
-    return path.read_text(encoding="utf-8") if path is not None else None
+    return _parse(path)[0] if path is not None else None
 
 
 def _names_bound(body: list[ast.stmt]) -> dict[str, ast.AST]:
@@ -69,13 +96,14 @@ def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) 
 
 def target_status(root: Path, target: str, params: tuple[str, ...] = ()) -> str:
     """``present``, ``missing: <what>``, or ``signature changed: ...`` when the target's
-    leading parameters are not the ``params`` its wrapper reads."""
+    leading parameters are not the ``params`` its wrapper reads. Raises
+    :class:`Unreadable` for a module file that is not Python source."""
     module, _, attr_path = target.partition(":")
     path = _module_file(root, module)
     if path is None:
         only_intel = " (Intel's images only)" if module in INTEL_IMAGE_MODULES else ""
         return f"missing: module {module}{only_intel}"
-    body: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8"), str(path)).body
+    body: list[ast.stmt] = _parse(path)[1].body
     parts = attr_path.split(".")
     node: ast.AST | None = None
     for depth, part in enumerate(parts):

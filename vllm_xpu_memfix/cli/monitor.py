@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,13 +255,20 @@ def sample_to_csv(
     return sampler.peaks
 
 
+class CannotStart(RuntimeError):
+    """The command could not be started (it was checked just before)."""
+
+
 def run(
     command: Sequence[str], out_dir: Path, interval: float = 0.5, live: IO[str] | None = None
 ) -> tuple[int, Path, Peaks]:
     """Run ``command`` to its end while sampling; returns (exit code, CSV path, peaks)."""
     csv_path = out_dir / "monitor.csv"
-    # Its own process group: a terminal's Ctrl-C reaches only us, and we forward it once.
-    child = subprocess.Popen(list(command), start_new_session=True)
+    try:
+        # Its own process group: a terminal's Ctrl-C reaches only us, and we forward it once.
+        child = subprocess.Popen(list(command), start_new_session=True)
+    except OSError as exc:
+        raise CannotStart(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
 
     def forward(signum: int, _frame: Any) -> None:
         if child.poll() is None:
@@ -276,10 +285,43 @@ def run(
     return (128 - code if code < 0 else code), csv_path, peaks
 
 
+def _claim_output(out_dir: Path) -> str | None:
+    """Create ``out_dir`` and an empty ``monitor.csv`` in it, or say why not. An existing
+    ``monitor.csv`` (or a link there) is never replaced."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return f"--out {out_dir} exists and is not a directory"
+    except OSError as exc:
+        return f"--out {out_dir}: cannot create it ({exc.strerror or exc})"
+    csv_path = out_dir / "monitor.csv"
+    try:
+        os.close(os.open(csv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    except FileExistsError:
+        return f"{csv_path} exists; give another --out or move it away"
+    except OSError as exc:
+        return f"--out {out_dir}: cannot write {csv_path.name} there ({exc.strerror or exc})"
+    return None
+
+
+def _unrunnable(program: str) -> str | None:
+    """Why ``program`` cannot be started, if so (looked up on PATH as exec would)."""
+    if os.sep not in program:
+        found = shutil.which(program)
+        return None if found else f"cannot run {program!r}: not found on PATH"
+    path = Path(program)
+    if not path.exists():
+        return f"cannot run {program!r}: no such file"
+    if path.is_dir():
+        return f"cannot run {program!r}: it is a directory"
+    if not os.access(path, os.X_OK):
+        return f"cannot run {program!r}: not executable"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     out_dir = Path(args.out or time.strftime("vllm-xpu-memfix-monitor-%Y%m%d-%H%M%S"))
-    interval = args.interval
     if not command:
         print(
             "monitor: give the command to run after --, e.g. "
@@ -287,15 +329,21 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if interval <= 0:
-        print(f"monitor: --interval must be positive, got {interval}", file=sys.stderr)
+    # Every check before the command starts: a bad --out must not cost a whole run.
+    fresh = not os.path.lexists(out_dir)
+    refusal = _unrunnable(command[0]) or _claim_output(out_dir)
+    if refusal is not None:
+        print(f"monitor: {refusal}; nothing was started", file=sys.stderr)
         return 2
     live = sys.stderr if sys.stderr.isatty() else None
     try:
-        code, csv_path, peaks = run(command, out_dir, interval, live)
-    except FileNotFoundError as exc:
-        print(f"monitor: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
-        return 127
+        code, csv_path, peaks = run(command, out_dir, args.interval, live)
+    except CannotStart as exc:
+        (out_dir / "monitor.csv").unlink()  # what _claim_output made
+        if fresh:
+            out_dir.rmdir()
+        print(f"monitor: {exc}; nothing was started", file=sys.stderr)
+        return 2
     print(f"monitor: {csv_path} ({' '.join(command)} exited with {code})")
     print(peaks.report())
     return code

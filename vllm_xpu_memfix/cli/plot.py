@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,50 +18,130 @@ from vllm_xpu_memfix.units import GiB
 WIDTH_IN, HEIGHT_IN, DPI = 12, 6.5, 100
 
 
+# The formats plot writes, by the output's extension.
+FORMATS = (".png", ".svg", ".pdf")
+DEFAULT_NAME = "host-memory.png"
+# The columns plot reads from a monitor CSV.
+NEEDED = ("ts", "t", "pid", "label", "rss", "pss", "mem_available", "outside_processes")
+_SYSTEM_NUMBERS = ("ts", "t", "mem_available", "outside_processes")
+
+
 class PlotError(RuntimeError):
     pass
 
 
-def _number(value: str) -> float | None:
-    return float(value) if value not in ("", "None") else None
+@dataclass
+class Skipped:
+    """Rows and ledger lines that could not be read: how many, and where the first was.
+
+    A monitor or vLLM killed mid-write leaves a torn last line; the rest is still worth
+    a picture, so such rows are counted and left out instead of refusing the file.
+    """
+
+    count: int = 0
+    first: str = ""
+
+    def add(self, where: str) -> None:
+        self.count += 1
+        self.first = self.first or where
+
+
+def _number(value: str | None) -> float | None:
+    """A finite number, None for an empty cell; ValueError for anything else."""
+    if value is None:
+        raise ValueError("a short row")
+    if value in ("", "None"):
+        return None
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value}")
+    return number
+
+
+def _read_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV with plot's columns; PlotError for a file that is not one."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in NEEDED if c not in (reader.fieldnames or ())]
+            if missing:
+                raise PlotError(
+                    f"{path} is not a vllm-xpu-memfix monitor CSV: no column {', '.join(missing)}"
+                )
+            for row in reader:
+                yield reader.line_num, row
+    except UnicodeDecodeError:
+        raise PlotError(f"{path} is not a text CSV (not UTF-8); is it a monitor CSV?") from None
+    except csv.Error as exc:
+        raise PlotError(f"{path} is not a readable CSV: {exc}") from None
 
 
 def read_monitor_csv(
-    path: Path,
+    path: Path, skipped: Skipped | None = None
 ) -> tuple[dict[str, list[tuple[float, float]]], list[dict[str, Any]]]:
-    """Per-process (t, bytes) series, PSS where known else RSS; and the system rows."""
+    """Per-process (t, bytes) series, PSS where known else RSS; and the system rows.
+
+    Rows with a missing or non-numeric figure are counted in ``skipped`` and left out.
+    """
+    skipped = skipped if skipped is not None else Skipped()
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     labels: dict[str, str] = {}
     system: list[dict[str, Any]] = []
-    with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
+    for line, row in _read_rows(path):
+        try:
             if row["pid"] == "system":
-                system.append(
-                    {
-                        k: _number(v) if k not in ("pid", "label", "role") else v
-                        for k, v in row.items()
-                    }
-                )
+                sample = {k: _number(row[k]) for k in _SYSTEM_NUMBERS}
+                if sample["t"] is None or sample["ts"] is None:
+                    raise ValueError("no time")
+                system.append(sample)
                 continue
+            t = _number(row["t"])
+            if t is None or row["label"] is None:
+                raise ValueError("no time")
             value = _number(row["pss"]) or _number(row["rss"]) or 0.0
-            series[row["pid"]].append((float(row["t"]), value))
-            labels[row["pid"]] = row["label"]  # the last label is the most telling
+        except ValueError:
+            skipped.add(f"{path.name} line {line}")
+            continue
+        series[row["pid"]].append((t, value))
+        labels[row["pid"]] = row["label"]  # the last label is the most telling
     if not system:
         raise PlotError(f"{path} holds no samples; is it a vllm-xpu-memfix monitor CSV?")
     return {labels[pid]: points for pid, points in series.items()}, system
 
 
-def read_ledger_phases(directory: Path, merge_within_s: float = 1.0) -> list[tuple[float, str]]:
+def _ledger_points(path: Path, skipped: Skipped) -> Iterator[tuple[float, str]]:
+    """(ts, phase) of the worker lines of one ledger file; unreadable lines are counted."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        skipped.add(f"{path.name} ({exc.__class__.__name__})")
+        return
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+            ts, phase = float(row["ts"]), row["phase"]
+            if not math.isfinite(ts) or not isinstance(phase, str):
+                raise ValueError("bad ts or phase")
+        except (ValueError, TypeError, KeyError, RecursionError):
+            skipped.add(f"{path.name} line {number}")
+            continue
+        if str(row.get("role", "")).startswith("worker"):
+            yield ts, phase
+
+
+def read_ledger_phases(
+    directory: Path, merge_within_s: float = 1.0, skipped: Skipped | None = None
+) -> list[tuple[float, str]]:
     """(epoch ts, label) of the worker phases in a ledger directory.
 
     Phases closer than ``merge_within_s`` (e.g. every rank's "ready") share one mark.
+    Lines without a ``ts`` and ``phase`` are counted in ``skipped`` and left out.
     """
-    points = []
+    skipped = skipped if skipped is not None else Skipped()
+    points: list[tuple[float, str]] = []
     for path in sorted(directory.glob("ledger-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            if str(row.get("role", "")).startswith("worker"):
-                points.append((float(row["ts"]), str(row["phase"])))
+        if path.is_file():  # never open a FIFO: it would block
+            points.extend(_ledger_points(path, skipped))
     marks: list[tuple[float, list[str]]] = []
     for ts, phase in sorted(points):
         if marks and ts - marks[-1][0] < merge_within_s:
@@ -69,7 +152,23 @@ def read_ledger_phases(directory: Path, merge_within_s: float = 1.0) -> list[tup
     return [(ts, " / ".join(names)) for ts, names in marks]
 
 
-def plot(csv_path: Path, out: Path, ledger_dir: Path | None = None) -> Path:
+def output_path(out: Path) -> Path:
+    """The file plot writes for ``-o out``: ``out`` itself, or ``out/host-memory.png`` for
+    a directory; PlotError for an extension it cannot write."""
+    if out.is_dir():
+        return out / DEFAULT_NAME
+    if out.suffix.lower() not in FORMATS:
+        raise PlotError(
+            f"-o {out}: cannot write {out.suffix or 'a file without an extension'}; "
+            f"give a name ending in {', '.join(FORMATS)}, or an existing directory"
+        )
+    return out
+
+
+def plot(
+    csv_path: Path, out: Path, ledger_dir: Path | None = None, skipped: Skipped | None = None
+) -> Path:
+    """Draw ``csv_path`` into ``out`` (see :func:`output_path`); returns the file written."""
     try:
         import matplotlib
 
@@ -77,7 +176,8 @@ def plot(csv_path: Path, out: Path, ledger_dir: Path | None = None) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotError("plot needs matplotlib: pip install 'vllm-xpu-memfix[plot]'") from None
-    processes, system = read_monitor_csv(csv_path)
+    out = output_path(out)
+    processes, system = read_monitor_csv(csv_path, skipped)
     times = [s["t"] for s in system]
     # Align every process on the system rows' sample times (a process is 0 before it starts).
     stacks, labels = [], []
@@ -97,7 +197,7 @@ def plot(csv_path: Path, out: Path, ledger_dir: Path | None = None) -> Path:
     ax.plot(times, outside, color="crimson", lw=1.5, ls="--", label="not in any process")
     if ledger_dir is not None:
         t0 = system[0]["ts"] - system[0]["t"]
-        for ts, name in read_ledger_phases(ledger_dir):
+        for ts, name in read_ledger_phases(ledger_dir, skipped=skipped):
             ax.axvline(ts - t0, color="grey", lw=0.8, ls=":")
             ax.text(ts - t0, ax.get_ylim()[1], name, rotation=90, va="top", ha="right", fontsize=7)
     ax.set_xlabel("seconds since monitor start")
@@ -106,24 +206,37 @@ def plot(csv_path: Path, out: Path, ledger_dir: Path | None = None) -> Path:
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=DPI)
+    except OSError as exc:
+        raise PlotError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
     return out
 
 
 def main(args: argparse.Namespace) -> int:
     csv_path = Path(args.csv)
     if not csv_path.is_file():
-        print(f"plot: no such file: {csv_path}", file=sys.stderr)
+        what = "not a regular file" if csv_path.exists() else "no such file"
+        print(f"plot: {csv_path}: {what}", file=sys.stderr)
         return 2
     ledger = Path(args.ledger) if args.ledger else None
     if ledger is not None and not ledger.is_dir():
         print(f"plot: --ledger {ledger} is not a directory", file=sys.stderr)
         return 2
+    skipped = Skipped()
     try:
-        print(f"plot: wrote {plot(csv_path, Path(args.output), ledger)}")
+        written = plot(csv_path, Path(args.output or DEFAULT_NAME), ledger, skipped)
     except PlotError as exc:
         print(f"plot: {exc}", file=sys.stderr)
         return 2
+    if skipped.count:
+        print(
+            f"plot: left out {skipped.count} unreadable row(s) or ledger line(s), the first "
+            f"at {skipped.first}",
+            file=sys.stderr,
+        )
+    print(f"plot: wrote {written}")
     return 0

@@ -25,7 +25,9 @@ Mechanism
     loader's construction, weight reading and per-layer processing of one rank
     (docs/load-lock.md shows it per vLLM version). A rank that waited
     ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S`` loads unlocked with a WARNING naming the holder;
-    an unusable lock directory gives an ERROR and an unlocked load.
+    an unusable lock directory (or an entry in it that is not a regular file) gives an
+    ERROR and an unlocked load. Any other failure on the plugin's side is logged in one
+    line and never reaches vLLM; vLLM's own exceptions pass through unchanged.
 Targets
     ``vllm.model_executor.model_loader.base_loader:initialize_model`` and
     ``vllm.model_executor.model_loader.base_loader:process_weights_after_loading``
@@ -47,7 +49,7 @@ Remove when
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix import config
@@ -57,7 +59,7 @@ from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.units import MiB
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
-    from vllm_xpu_memfix.host_lock import Holding
+    from vllm_xpu_memfix.host_lock import Holding, HostSemaphore
 
 logger = get_logger("load_lock")
 
@@ -163,19 +165,19 @@ class LoadSection:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.stack: contextlib.ExitStack | None = None
+        self.semaphore: HostSemaphore | None = None
         self.holding: Holding | None = None
         self.vllm_config: Any = None
         self.rank: Any = "?"
 
     def enter(self, model: Any, vllm_config: Any) -> None:
-        if self.stack is not None:
+        if self.holding is not None:
             return  # a second loader (a draft model) inside one section
         slots, why = decide(self.settings, model, vllm_config)
         if slots is None:
             logger.debug("vllm-xpu-memfix: load lock not used: %s", why)
             return
-        from vllm_xpu_memfix.host_lock import HostSemaphore, LockDirError, scoped_name
+        from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
 
         if why.startswith("--max-parallel"):
             logger.info(
@@ -185,19 +187,18 @@ class LoadSection:
             )
         name = scoped_name("load", self.settings.load_scope)
         semaphore = HostSemaphore(self.settings.lock_dir, name, slots)
-        stack = contextlib.ExitStack()
         try:
-            self.holding = stack.enter_context(semaphore.hold(self.settings.load_timeout_s))
-        except (LockDirError, OSError) as exc:
+            holding = semaphore.acquire(self.settings.load_timeout_s)
+        except Exception as exc:
             logger.error("vllm-xpu-memfix: load lock unusable, this rank loads unlocked: %s", exc)
             return
-        self.stack, self.vllm_config = stack, vllm_config
-        if not self.holding.acquired:
+        self.semaphore, self.holding, self.vllm_config = semaphore, holding, vllm_config
+        if not holding.acquired:
             logger.warning(
                 "vllm-xpu-memfix: load lock: gave up after %.1f s waiting for %s; loading "
                 "without the lock (%s)",
-                self.holding.waited_s,
-                self.holding.waited_for,
+                holding.waited_s,
+                holding.waited_for,
                 config.variable_for("load_timeout_s").name,
             )
         else:
@@ -205,15 +206,35 @@ class LoadSection:
                 "vllm-xpu-memfix: load lock taken (%s, %d slot(s)) after waiting %.1f s%s",
                 why,
                 slots,
-                self.holding.waited_s,
-                f" for {self.holding.waited_for}" if self.holding.waited_for else "",
+                holding.waited_s,
+                f" for {holding.waited_for}" if holding.waited_for else "",
             )
 
     def leave(self, model: Any = None, on_device: bool = False) -> None:
         """Give the slot back, once this rank's staging is gone: host_release's whole step
         (when that fix is on and the model is at hand), else gc and the allocator's release."""
-        if self.stack is None or self.holding is None:
+        if self.semaphore is None or self.holding is None:
             return
+        holding, semaphore = self.holding, self.semaphore
+        self.semaphore = self.holding = None
+        try:
+            rss = self._free_staging(model, on_device)
+        finally:
+            semaphore.release(holding)  # also when freeing the staging failed
+        logger.info(
+            "vllm-xpu-memfix: rank %s load lock: waited %.1f s%s, held %.1f s, RssAnon at "
+            "release %s MiB",
+            self.rank,
+            holding.waited_s,
+            f" for {holding.waited_for}" if holding.waited_for else "",
+            holding.held_s,
+            f"{rss / MiB:,.0f}",
+        )
+        self._warn_if_the_queue_outlasts_the_timeout(holding)
+
+    def _free_staging(self, model: Any, on_device: bool) -> int:
+        """host_release's step on the loaded model, else gc and the allocator's release;
+        returns RssAnon afterwards."""
         from vllm_xpu_memfix.memory import allocator
         from vllm_xpu_memfix.memory.snapshot import take_self
 
@@ -226,20 +247,7 @@ class LoadSection:
                 logger.info("%s", line)
         else:
             allocator.release_free_memory()
-        rss = take_self(pss=False).rss_anon or 0
-        holding, stack = self.holding, self.stack
-        self.stack = self.holding = None
-        stack.close()
-        logger.info(
-            "vllm-xpu-memfix: rank %s load lock: waited %.1f s%s, held %.1f s, RssAnon at "
-            "release %s MiB",
-            self.rank,
-            holding.waited_s,
-            f" for {holding.waited_for}" if holding.waited_for else "",
-            holding.held_s,
-            f"{rss / MiB:,.0f}",
-        )
-        self._warn_if_the_queue_outlasts_the_timeout(holding)
+        return take_self(pss=False).rss_anon or 0
 
     def _warn_if_the_queue_outlasts_the_timeout(self, holding: Holding) -> None:
         """Warn where ranks that finished loading wait for the last one inside a collective.
@@ -271,23 +279,40 @@ class LoadSection:
             )
 
 
+def _contained(what: str, step: Callable[[], None]) -> None:
+    """Run a step of the plugin's; whatever it raises is logged in one line, never
+    passed on to vLLM."""
+    try:
+        step()
+    except Exception as exc:
+        logger.error(
+            "vllm-xpu-memfix: load lock: %s failed (%s: %s); vLLM goes on",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+
+
 def patches(settings: Settings) -> tuple[Patch, ...]:
     section = LoadSection(settings)
 
     def after_construction(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         model = wrapped(*args, **kwargs)
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-        try:
-            section.enter(model, vllm_config)
-        except Exception:
-            logger.exception("vllm-xpu-memfix: load lock failed; this rank loads unlocked")
+        _contained(
+            "taking a slot (this rank loads unlocked)", lambda: section.enter(model, vllm_config)
+        )
         return model
 
     def after_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         result = wrapped(*args, **kwargs)
         model = args[0] if args else kwargs.get("model")
         target = args[2] if len(args) > 2 else kwargs.get("target_device")
-        section.leave(model, getattr(target, "type", "cpu") != "cpu")
+        on_device = getattr(target, "type", "cpu") != "cpu"
+        _contained(
+            "freeing this rank's staging and giving the slot back",
+            lambda: section.leave(model, on_device),
+        )
         return result
 
     def around_load_model(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -295,7 +320,8 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
         try:
             return wrapped(*args, **kwargs)
         finally:
-            section.leave()  # a load that failed inside the section still frees its slot
+            # A load that failed inside the section still frees its slot.
+            _contained("giving the slot back", section.leave)
 
     return (
         Patch(FIX.key, f"{_LOADER}:initialize_model", after_construction, params=("vllm_config",)),

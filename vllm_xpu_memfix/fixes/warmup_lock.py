@@ -13,6 +13,9 @@ Mechanism
     is ever wrapped: a rank blocked on a host lock while its peers wait in an
     all-reduce would deadlock. ``ALLOWED`` is that explicit list; each name is
     called in ``kernel_warmup`` before its ``if process_local_only: return``.
+    Whatever fails on the plugin's side (an unusable lock directory, an entry in it
+    that is not a regular file, anything else) is logged in one line and the warm-up
+    runs unlocked; the warm-up's own exceptions pass through unchanged.
 Targets
     ``vllm.model_executor.warmup.kernel_warmup:qwen_triton_warmup``,
     ``vllm.model_executor.warmup.kernel_warmup:qwen_vl_triton_warmup``,
@@ -33,7 +36,6 @@ Remove when
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -79,8 +81,10 @@ def per_rank_triton_cache(environ: Mapping[str, str]) -> str | None:
     return cache if _RANK_DIR.search(cache) else None
 
 
-def _serialised(name: str, settings: Settings) -> Any:
-    def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+def _take_slot(name: str, settings: Settings) -> tuple[HostSemaphore, Holding] | None:
+    """This rank's slot, or None (logged) when the warm-up runs without one. Raises nothing:
+    whatever goes wrong on the plugin's side must not reach vLLM."""
+    try:
         own_cache = per_rank_triton_cache(os.environ)
         if own_cache and settings.mode(FIX) is Mode.AUTO:
             # Measured on an H200 (docs/warmup-lock.md): with per-rank caches every rank
@@ -92,36 +96,51 @@ def _serialised(name: str, settings: Settings) -> Any:
                 own_cache,
                 FIX.env,
             )
-            return wrapped(*args, **kwargs)
-        from vllm_xpu_memfix.host_lock import LockDirError
+            return None
+        lock = semaphore(settings)
+        holding = lock.acquire(settings.warmup_timeout_s)
+    except Exception as exc:
+        logger.error("vllm-xpu-memfix: warm-up lock unusable, %s runs unlocked: %s", name, exc)
+        return None
+    if not holding.acquired:
+        logger.warning(
+            "vllm-xpu-memfix: warm-up lock: gave up after %.1f s waiting for %s; "
+            "running %s without the lock (%s)",
+            holding.waited_s,
+            holding.waited_for,
+            name,
+            config.variable_for("warmup_timeout_s").name,
+        )
+        return None
+    return lock, holding
 
-        with contextlib.ExitStack() as stack:
-            holding: Holding | None = None
-            try:
-                holding = stack.enter_context(semaphore(settings).hold(settings.warmup_timeout_s))
-            except (LockDirError, OSError) as exc:
-                logger.error(
-                    "vllm-xpu-memfix: warm-up lock unusable, %s runs unlocked: %s", name, exc
-                )
-            if holding is not None and not holding.acquired:
-                logger.warning(
-                    "vllm-xpu-memfix: warm-up lock: gave up after %.1f s waiting for %s; "
-                    "running %s without the lock (VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S)",
-                    holding.waited_s,
-                    holding.waited_for,
-                    name,
-                )
-            result = wrapped(*args, **kwargs)
-        if holding is not None and holding.acquired:
-            whom = f" for {holding.waited_for}" if holding.waited_for else ""
-            logger.info(
-                "vllm-xpu-memfix: warm-up lock: %s waited %.1f s%s, held %.1f s",
-                name,
-                holding.waited_s,
-                whom,
-                holding.held_s,
-            )
-        return result
+
+def _give_back(name: str, taken: tuple[HostSemaphore, Holding]) -> None:
+    lock, holding = taken
+    try:
+        lock.release(holding)
+    except Exception as exc:
+        logger.error("vllm-xpu-memfix: warm-up lock: releasing the slot after %s: %s", name, exc)
+        return
+    whom = f" for {holding.waited_for}" if holding.waited_for else ""
+    logger.info(
+        "vllm-xpu-memfix: warm-up lock: %s waited %.1f s%s, held %.1f s",
+        name,
+        holding.waited_s,
+        whom,
+        holding.held_s,
+    )
+
+
+def _serialised(name: str, settings: Settings) -> Any:
+    def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        taken = _take_slot(name, settings)
+        if taken is None:
+            return wrapped(*args, **kwargs)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            _give_back(name, taken)
 
     return wrapper
 
