@@ -19,6 +19,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from vllm_xpu_memfix.process import instance_key
+
 POLL_S = 0.05
 
 
@@ -55,9 +57,9 @@ def prepare_lock_dir(path: Path) -> Path:
 
 def scoped_name(name: str, scope: str) -> str:
     """The semaphore's name for a scope: ``host`` shares it across every vLLM instance;
-    ``instance`` gives each engine its own, keyed by the ranks' common parent, the
-    EngineCore process."""
-    return name if scope == "host" else f"{name}-engine{os.getppid()}"
+    ``instance`` gives each engine its own, keyed by what its ranks on this host share
+    (``process.instance_key``: the EngineCore pid, or vLLM's instance id on Ray)."""
+    return name if scope == "host" else f"{name}-{instance_key()}"
 
 
 @dataclass
