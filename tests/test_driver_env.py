@@ -285,7 +285,7 @@ def test_process_0_with_the_driver_loaded_still_sets_them_for_the_processes_it_s
     assert [level for level, _ in records] == ["WARNING"]
     assert records[0][1].endswith(
         f"The Intel driver is already loaded here ({LIB}), so they take effect in the "
-        "processes this one starts, not in this one"
+        "processes this one spawns, not in this one nor in Ray workers (docs/multi-node.md)"
     )
 
 

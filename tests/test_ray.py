@@ -227,7 +227,7 @@ def test_a_node_without_intel_gpus_gives_one_line_and_no_error(registrations, ho
 def test_the_job_runtime_env_reaches_actors_that_set_their_own_env_vars(registrations):
     """What docs/multi-node.md tells Ray users: the job's runtime_env env_vars (ray.init in
     the process that creates the engine) are merged into a worker actor that has env_vars
-    of its own, as vLLM's actors do, and are there when the worker process starts."""
+    of its own, as vLLM's actors have on CUDA, and are there when the worker process starts."""
     result = registrations["job runtime_env"]
     assert result["env"] == GUARD_ENV
     assert lines(result, "ERROR") == []

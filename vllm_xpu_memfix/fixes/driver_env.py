@@ -163,7 +163,7 @@ def install(_patcher: Patcher, settings: Settings) -> None:
             EVIDENCE,
             FIX.env,
             f". The Intel driver is already loaded here ({loaded[0]}), so they take effect in "
-            "the processes this one starts, not in this one"
+            "the processes this one spawns, not in this one nor in Ray workers (docs/multi-node.md)"
             if loaded
             else "",
         )
