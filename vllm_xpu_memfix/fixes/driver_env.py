@@ -63,9 +63,10 @@ SPAWNERS = ("main", "engine_core")  # they start vLLM's ranks, which inherit wha
 RANKS = ("worker", "ray_worker")
 # Verified with Ray 2.60 and vLLM 0.32 (docs/multi-node.md, tests/test_ray.py): a Ray
 # worker process starts with the raylet's environment plus its runtime_env env_vars,
-# and Ray merges the job's env_vars into an actor's own (vLLM's executors give their
-# actors env_vars). vLLM's copies of the driver's variables (VLLM_RAY_EXTRA_ENV_VARS_TO_COPY
-# in RayExecutor.update_environment_variables, the driver environment in
+# and Ray merges the job's env_vars into those an actor is given (vLLM 0.32's executors
+# give theirs env_vars: RayExecutorV2._build_runtime_env). vLLM's copies of the
+# driver's variables (VLLM_RAY_EXTRA_ENV_VARS_TO_COPY in the legacy executor's
+# update_environment_variables, the driver environment in
 # RayExecutorV2.initialize_worker) run after the worker has resolved the platform.
 FIX_BEFORE_START = (
     "the variables must be in the environment the process starts with. On Ray: "
