@@ -183,3 +183,114 @@ def test_a_worker_that_did_not_inherit_the_variables_sets_them_itself(tmp_path):
     assert parent == {"EnableDeferBacking": None}, "the parent never registered the plugin"
     assert "which did not inherit them" in result.stderr
     assert "compute-runtime 26.09.37435.1" in result.stderr
+
+
+def test_loaded_driver_libraries_come_from_the_maps_file(tmp_path):
+    maps = tmp_path / "maps"
+    lib = "/usr/lib/x86_64-linux-gnu"
+    maps.write_text(
+        "7f00-7f01 r--p 00000000 08:01 11 /usr/bin/python3.11\n"
+        f"7f10-7f11 r--p 00000000 08:01 12 {lib}/libze_loader.so.1.28.2\n"
+        f"7f11-7f12 r-xp 00001000 08:01 12 {lib}/libze_loader.so.1.28.2\n"
+        f"7f20-7f21 r--p 00000000 08:01 13 {lib}/libze_tracing_layer.so.1\n"
+        "7f30-7f31 rw-p 00000000 00:00 0 \n"
+        f"7f40-7f41 r--p 00000000 08:01 14 {lib}/libze_intel_gpu.so.1.14.37435\n"
+        "7f50-7f51 rw-p 00000000 00:00 0 [heap]\n"
+    )
+    assert driver.loaded_driver_libraries(maps) == [
+        f"{lib}/libze_loader.so.1.28.2",
+        f"{lib}/libze_intel_gpu.so.1.14.37435",
+    ]
+    assert driver.loaded_driver_libraries(tmp_path / "missing") == []
+    assert driver.loaded_driver_libraries() == [], "this test process has no Level Zero"
+
+
+@pytest.fixture
+def guard_in_process(tmp_path, monkeypatch, caplog):
+    """Run driver_env.install here as a process of ``role`` with the driver mapped or not,
+    ``at_start`` the environment it started with; returns the records and os.environ."""
+    import logging
+
+    from vllm_xpu_memfix.process import ProcessRole
+
+    for name in GUARD_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(driver_env, "logger", logging.getLogger("test.driver_env"))
+    caplog.set_level(logging.DEBUG, "test.driver_env")
+
+    def run(role, gpus=(B70,) * 4, loaded=(), at_start=None, now=None):
+        root = build_host(tmp_path / f"host{len(list(tmp_path.iterdir()))}", list(gpus))
+        monkeypatch.setattr(driver_env, "current_role", lambda: ProcessRole(role))
+        monkeypatch.setattr(driver, "loaded_driver_libraries", lambda: list(loaded))
+        monkeypatch.setattr(driver_env, "environ_at_start", lambda: dict(at_start or {}))
+        for name, value in (now or {}).items():
+            monkeypatch.setenv(name, value)
+        caplog.clear()
+        driver_env.install(None, settings_for(root))
+        records = [(r.levelname, r.getMessage()) for r in caplog.records]
+        return records, {k: os.environ.get(k) for k in GUARD_NAMES}
+
+    return run
+
+
+GUARD_NAMES = tuple(driver_env.GUARD_ENV)
+LIB = "/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1"
+
+
+def test_a_rank_with_the_driver_loaded_sets_nothing_and_says_the_mirror_stays(guard_in_process):
+    records, env = guard_in_process("worker", loaded=[LIB])
+    assert env == {"NEOReadDebugKeys": None, "EnableDeferBacking": None}
+    assert [level for level, _ in records] == ["ERROR"]
+    message = records[0][1]
+    assert f"the Intel GPU driver is already loaded ({LIB})" in message
+    assert "will be pinned in this process" in message and "Nothing was set" in message
+    assert "4 Battlemage GPUs visible" in message
+
+
+def test_variables_set_after_start_in_a_rank_with_the_driver_loaded_are_too_late(
+    guard_in_process,
+):
+    records, env = guard_in_process(
+        "ray_worker", loaded=[LIB], at_start={}, now=dict(driver_env.GUARD_ENV)
+    )
+    assert env == driver_env.GUARD_ENV  # left as they were, but not taken as working
+    assert [level for level, _ in records] == ["ERROR"]
+    assert "were set in this process after it started" in records[0][1]
+
+
+def test_variables_the_rank_started_with_are_taken_as_working(guard_in_process):
+    guard = dict(driver_env.GUARD_ENV)
+    records, env = guard_in_process("worker", loaded=[LIB], at_start=guard, now=guard)
+    assert env == guard
+    assert records == [
+        (
+            "INFO",
+            "vllm-xpu-memfix: driver variables in this worker: "
+            "NEOReadDebugKeys=1 EnableDeferBacking=0",
+        )
+    ]
+
+
+def test_no_error_where_the_guard_is_not_needed_even_with_the_driver_loaded(guard_in_process):
+    records, env = guard_in_process("worker", gpus=[B60], loaded=[LIB])
+    assert env == {"NEOReadDebugKeys": None, "EnableDeferBacking": None}
+    assert [level for level, _ in records] == ["DEBUG"]
+
+
+def test_process_0_with_the_driver_loaded_still_sets_them_for_the_processes_it_starts(
+    guard_in_process,
+):
+    records, env = guard_in_process("main", loaded=[LIB])
+    assert env == driver_env.GUARD_ENV
+    assert [level for level, _ in records] == ["WARNING"]
+    assert records[0][1].endswith(
+        f"The Intel driver is already loaded here ({LIB}), so they take effect in the "
+        "processes this one spawns, not in this one nor in Ray workers (docs/multi-node.md)"
+    )
+
+
+def test_a_rank_without_the_driver_loaded_still_sets_them(guard_in_process):
+    records, env = guard_in_process("ray_worker")
+    assert env == driver_env.GUARD_ENV
+    assert [level for level, _ in records] == ["WARNING"]
+    assert "in this process, which did not inherit them" in records[0][1]

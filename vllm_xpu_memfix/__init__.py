@@ -41,7 +41,7 @@ def register() -> None:
     settings = config.load()
     config.announce_to_vllm()
     _registered = True
-    where = f"pid={os.getpid()} role={current_role()}"
+    where = f"pid={os.getpid()} {current_role().describe()}"
     if not settings.enabled:
         _log_once_configured(
             f"vllm-xpu-memfix {__version__} disabled by {config.MASTER.name}=0 ({where})"

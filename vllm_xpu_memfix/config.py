@@ -317,8 +317,8 @@ PARAMETERS: tuple[Variable, ...] = (
         field="sysroot",
         default="/",
         accepted="a directory",
-        doc="Root for the sysfs, dpkg and library look-ups of the driver guard and doctor "
-        "(point it at a recorded tree). Empty is the same as unset.",
+        doc="Root for the sysfs, dpkg and library look-ups of the driver guard, doctor and "
+        "ray-env (point it at a recorded tree). Empty is the same as unset.",
         parse=_existing_directory,
     ),
     Variable(

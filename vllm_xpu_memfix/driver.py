@@ -2,8 +2,9 @@
 
 Nothing here loads Level Zero or any driver library: process 0 must be able to
 decide whether to set driver variables before the driver is started. Every
-path is rooted at a sysroot (``VLLM_XPU_MEMFIX_SYSROOT``), so tests and bug
-reports can point it at a recorded tree.
+host path is rooted at a sysroot (``VLLM_XPU_MEMFIX_SYSROOT``), so tests and bug
+reports can point it at a recorded tree; only :func:`loaded_driver_libraries`
+reads this process's own ``/proc/self/maps``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ AFFECTED_BEFORE_BUILD: int | None = None
 
 RUNTIME_PACKAGES = ("intel-opencl-icd", "libze-intel-gpu1", "intel-level-zero-gpu")
 LOADER_PACKAGES = ("libze1", "level-zero")
+# Shared objects whose presence in /proc/self/maps means Level Zero has been started.
+DRIVER_LIBRARIES = ("libze_intel_gpu", "libze_loader")
 LIBRARY_DIRS = (
     "usr/lib/x86_64-linux-gnu",
     "usr/lib64",
@@ -178,3 +181,25 @@ def compute_runtime(sysroot: Path) -> Runtime | None:
 def level_zero_loader(sysroot: Path) -> str | None:
     installed = _dpkg_versions(sysroot)
     return next((installed[p] for p in LOADER_PACKAGES if p in installed), None)
+
+
+def loaded_driver_libraries(maps: Path = Path("/proc/self/maps")) -> list[str]:
+    """Level Zero's Intel GPU driver or loader as mapped into this process, in map order.
+
+    Read from this process's own ``/proc/self/maps``, never through the sysroot: the
+    question is what this process has loaded, not what a recorded host has installed.
+    The compute-runtime reads its debug keys (``NEOReadDebugKeys``,
+    ``EnableDeferBacking``) once, when Level Zero starts it; once it is mapped, a
+    variable set now comes too late for this process.
+    """
+    try:
+        text = maps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) == 6 else ""
+        if path.rpartition("/")[2].startswith(DRIVER_LIBRARIES) and path not in found:
+            found.append(path)
+    return found

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_xpu_memfix.process import instance_key
+
 POLL_S = 0.05
 OWNER_READ_BYTES = 4096
 _SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -63,9 +65,9 @@ def prepare_lock_dir(path: Path) -> Path:
 
 def scoped_name(name: str, scope: str) -> str:
     """The semaphore's name for a scope: ``host`` shares it across every vLLM instance;
-    ``instance`` gives each engine its own, keyed by the ranks' common parent, the
-    EngineCore process."""
-    return name if scope == "host" else f"{name}-engine{os.getppid()}"
+    ``instance`` gives each engine its own, keyed by what its ranks on this host share
+    (``process.instance_key``: the EngineCore pid, or vLLM's instance id on Ray)."""
+    return name if scope == "host" else f"{name}-{instance_key()}"
 
 
 def _what_is(path: Path) -> str:
@@ -173,9 +175,10 @@ class HostSemaphore:
         return self.directory / f"{self.name}.slot{slot}.owner"
 
     def holders(self) -> str:
-        """Who holds the slots, as their owner files say (may be stale for free slots)."""
+        """Who holds the slots, as their owner files say (may be stale for free slots);
+        empty before any holder has written its file."""
         owners = [read_owner(self._owner_path(slot)) for slot in range(self.slots)]
-        return ", ".join(owner for owner in owners if owner) or "unknown"
+        return ", ".join(owner for owner in owners if owner)
 
     def _try_slot(self, slot: int) -> int | None:
         """A descriptor holding ``slot``'s lock, or None when another process holds it."""
@@ -196,15 +199,17 @@ class HostSemaphore:
         :class:`LockDirError` (or ``OSError``) with no slot held."""
         prepare_lock_dir(self.directory)
         started = time.monotonic()
-        waited_for = ""
+        waited_for: str | None = ""  # None: waited, holder not known yet
         while True:
             for slot in range(self.slots):
                 fd = self._try_slot(slot)
                 if fd is not None:
+                    waited_for = waited_for or ("unknown" if waited_for is None else "")
                     return self._own(slot, fd, time.monotonic() - started, waited_for)
-            waited_for = waited_for or self.holders()
+            # A holder writes its owner file just after taking the slot: read until it has.
+            waited_for = waited_for or self.holders() or None
             if time.monotonic() - started >= timeout_s:
-                return Holding(None, time.monotonic() - started, waited_for)
+                return Holding(None, time.monotonic() - started, waited_for or "unknown")
             time.sleep(POLL_S)
 
     def _own(self, slot: int, fd: int, waited_s: float, waited_for: str) -> Holding:

@@ -1,25 +1,100 @@
-"""Which vLLM process this is, read without importing vLLM."""
+"""Which vLLM process this is, read without importing vLLM or Ray."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
+import socket
+import sys
 from dataclasses import dataclass
 
 _WORKER = re.compile(r"VllmWorker-(\d+)")
+# vLLM 0.32's RayExecutorV2 names each worker actor
+# vllm_Worker_<instance id>[_TP<i>][_PP<j>][_PCP<k>] (v1/executor/ray_utils.py,
+# build_actor_name; the instance id is digits). The legacy RayExecutor leaves its
+# RayWorkerWrapper actors unnamed; they are known by their class in the task name.
+_RAY_ACTOR_NAME = re.compile(r"vllm_Worker_(?P<instance>[^_]+)(?P<rank>(?:_(?:TP|PP|PCP)\d+)*)")
+_RAY_WORKER_TASKS = ("RayWorkerProc.", "RayWorkerWrapper.")
+_KEY_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """Where a Ray actor runs, from Ray's runtime context.
+
+    ``rank`` is the actor name's suffix (``TP1``, ``TP1_PP0``; ``0`` for a one-rank
+    engine), ``None`` for an unnamed actor. ``instance`` is vLLM's instance id.
+    """
+
+    node_id: str
+    rank: str | None
+    instance: str | None
+    placement_group: str | None
+    job: str | None
 
 
 @dataclass(frozen=True)
 class ProcessRole:
     role: str
     index: int | None = None
+    ray: RayPlacement | None = None
+    note: str | None = None
 
     def __str__(self) -> str:
         return self.role if self.index is None else f"{self.role}-{self.index}"
 
+    def describe(self) -> str:
+        """``role=...`` for the registration line; on Ray also rank and node."""
+        text = f"role={self}"
+        if self.ray is not None:
+            text += (
+                f" rank={self.ray.rank or 'unknown'} node={socket.gethostname()}"
+                f" ray_node={self.ray.node_id[:8]}"
+            )
+        return f"{text}; {self.note}" if self.note else text
+
+
+def ray_placement() -> tuple[RayPlacement | None, bool, str | None]:
+    """This process's Ray actor, whether it hosts a vLLM worker, and a note if Ray is unusable.
+
+    Only a Ray that is already imported is asked (``sys.modules``): importing it
+    costs half a second and a process that never imported it is no Ray actor.
+    """
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None, False, None
+    try:
+        if not ray.is_initialized():
+            return None, False, None
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is None:
+            return None, False, None  # the driver or a task: not an actor
+        name = context.get_actor_name() or ""
+        task = context.get_task_name() or ""
+        node, group, job = (
+            context.get_node_id(),
+            context.get_placement_group_id(),
+            context.get_job_id(),
+        )
+    except Exception as exc:
+        return (
+            None,
+            False,
+            f"ray is imported but gives no runtime context ({type(exc).__name__}: {exc}); "
+            "role taken from the process name",
+        )
+    match = _RAY_ACTOR_NAME.fullmatch(name)
+    rank = (match.group("rank").lstrip("_") or "0") if match else None
+    placement = RayPlacement(
+        str(node), rank, match.group("instance") if match else None, group, job
+    )
+    return placement, bool(match) or task.startswith(_RAY_WORKER_TASKS), None
+
 
 def current_role() -> ProcessRole:
-    """Role from the multiprocessing process name, which vLLM sets before plugins load.
+    """Role from the multiprocessing process name, which vLLM sets before plugins load,
+    or from Ray's runtime context in a Ray actor (whose process name is ``MainProcess``).
 
     The process title is not usable at registration time: in a worker it is
     still the spawn command line.
@@ -30,6 +105,42 @@ def current_role() -> ProcessRole:
         return ProcessRole("worker", int(match.group(1)))
     if name.startswith("EngineCore"):
         return ProcessRole("engine_core")
-    if name == "MainProcess":
-        return ProcessRole("main")
-    return ProcessRole("other")
+    placement, vllm_worker, note = ray_placement()
+    if vllm_worker:
+        return ProcessRole("ray_worker", ray=placement)
+    return ProcessRole("main" if name == "MainProcess" else "other", ray=placement, note=note)
+
+
+def instance_key() -> str:
+    """What the ranks of one vLLM engine share on a host, for the locks' ``instance`` scope.
+
+    Multiprocessing ranks are children of their engine's EngineCore process: its
+    pid. Ray actors are children of the node's raylet, shared by every engine on
+    the node, so a Ray worker uses vLLM's instance id from its actor name, else its
+    placement group (one per engine), else its Ray job.
+    """
+    role = current_role()
+    ray = role.ray
+    if role.role != "ray_worker" or ray is None:
+        return f"engine{os.getppid()}"
+    if ray.instance:
+        key = f"vllm{ray.instance}"
+    elif ray.placement_group:
+        key = f"pg{ray.placement_group}"
+    else:
+        key = f"job{ray.job}"
+    return _KEY_CHARS.sub("_", key)
+
+
+def environ_at_start() -> dict[str, str] | None:
+    """The environment this process was started with (``/proc/self/environ``).
+
+    Later ``os.environ`` changes do not show there; ``None`` where it cannot be read.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    pairs = (item.decode(errors="surrogateescape").partition("=") for item in raw.split(b"\0"))
+    return {key: value for key, sep, value in pairs if sep}

@@ -1,7 +1,7 @@
 """``vllm-xpu-memfix`` command line."""
 
 # The parser lives here; each command is the module of its name in this package
-# (check, demo, doctor, monitor, plot), imported only when that command runs and
+# (check, demo, doctor, monitor, plot, ray-env as ray_env), imported only when that command runs and
 # called as ``main(args)``.
 
 from __future__ import annotations
@@ -103,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--max-parallel-loading-workers", type=_number(RANKS))
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    ray_env = sub.add_parser(
+        "ray-env",
+        help="print the driver variables each Ray node needs (export lines, runtime_env)",
+        description="Decides from this node's sysfs and compute-runtime, as the driver guard "
+        "does. Run it on each node; vLLM's Ray workers start the driver before the plugin "
+        "loads, so the variables must be in their environment from the start.",
+    )
+    ray_env.add_argument("--json", action="store_true", help="print only the runtime_env JSON")
     plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")
     plot.add_argument(
@@ -141,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             # Other `vllm serve` flags do not change the host-memory estimate.
             print(f"doctor: ignoring {' '.join(unknown)}", file=sys.stderr)
-    command = importlib.import_module(f"{__name__}.{args.command}")
+    command = importlib.import_module(f"{__name__}.{args.command.replace('-', '_')}")
     try:
         return int(command.main(args))
     except config.ConfigError as exc:

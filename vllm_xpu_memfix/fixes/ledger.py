@@ -226,5 +226,5 @@ def install(patcher: Patcher, settings: Settings) -> None:
     """
     recorder = Recorder(settings.ledger_dir)
     patcher.install_all(recorder.patches())
-    if current_role().role != "worker" and settings.ledger_dir is not None:
+    if current_role().role not in ("worker", "ray_worker") and settings.ledger_dir is not None:
         recorder.record("process start")

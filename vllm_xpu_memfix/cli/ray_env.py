@@ -1,0 +1,60 @@
+"""``vllm-xpu-memfix ray-env``: the driver variables a Ray node needs, ready to paste.
+
+vLLM's Ray workers start the Intel driver before they load plugins, so the
+driver guard cannot set the variables there (docs/multi-node.md). This command
+decides on the node it runs on, from sysfs and the compute-runtime under
+``VLLM_XPU_MEMFIX_SYSROOT``, exactly as the guard would, and prints the
+variables as ``export`` lines (the output can be ``eval``'d) with the Ray
+``runtime_env`` form as a comment; ``--json`` prints only the ``runtime_env``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+
+from vllm_xpu_memfix import config
+from vllm_xpu_memfix.fixes import driver_env
+
+
+def ray_line() -> str:
+    """Whether Ray is installed here, without importing it."""
+    if importlib.util.find_spec("ray") is None:
+        return (
+            "Ray is not installed in this environment; vLLM's Ray executor needs it where "
+            "vLLM runs (pip install ray)"
+        )
+    try:
+        return f"Ray {importlib.metadata.version('ray')} is installed here"
+    except importlib.metadata.PackageNotFoundError:
+        return "Ray is importable here, but its version cannot be read"
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = config.load()
+    # What the node needs, whatever this shell already holds.
+    decision = driver_env.decide(settings, driver_env.without_guard(os.environ))
+    needed = dict(driver_env.GUARD_ENV) if decision.apply else {}
+    runtime_env = {"env_vars": needed}
+    if args.json:
+        print(json.dumps(runtime_env))
+        return 0
+    if not needed:
+        print(f"# this node needs no driver variables: {decision.reason}")
+        return 0
+    print(f"# this node needs the driver guard: {decision.reason} ({driver_env.EVIDENCE})")
+    print(f"# {ray_line()}")
+    print("# 1) in every node's environment before `ray start` (Ray workers start with it):")
+    for name, value in needed.items():
+        print(f"export {name}={value}")
+    print("# 2) or in the Ray job's runtime_env, e.g. ray.init(runtime_env=...) before the")
+    print("#    engine is created (Ray merges the job's env_vars into vLLM's worker actors):")
+    print(f"# {json.dumps(runtime_env)}")
+    already = {k: os.environ[k] for k in needed if k in os.environ}
+    if already:
+        shown = " ".join(f"{k}={v}" for k, v in already.items())
+        print(f"# this shell already has {shown}")
+    return 0
