@@ -20,8 +20,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from vllm_xpu_memfix import config, fixes
+from vllm_xpu_memfix import config, fixes, warmup_section
 from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.fixes import warmup_lock
 
 VERSIONS = ("0.26.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PLATFORMS = (
@@ -87,6 +88,30 @@ def sampler_warmup_after_kv(root: Path) -> bool:
     )
 
 
+def warm_up_section(root: Path) -> warmup_section.Section:
+    path = root / "vllm" / "model_executor" / "warmup" / "kernel_warmup.py"
+    if not path.is_file():
+        return warmup_section.Section((), "no kernel_warmup module")
+    return warmup_section.process_local_section(path.read_text(encoding="utf-8"))
+
+
+def warm_up_coverage(trees: dict[str, Path]) -> str:
+    """What the warm-up lock holds its slot over, per release."""
+    rows = ["| release | the slot covers | collectives in it |", "|---|---|---|"]
+    for name, root in trees.items():
+        found = warm_up_section(root)
+        if found.usable:
+            covers = "kernel_warmup's process-local section: " + ", ".join(
+                f"`{call}`" for call in found.warm_ups
+            )
+            collectives = ", ".join(found.collectives) or "none"
+        else:
+            covers = f"the allow-list only ({found.why_not})"
+            collectives = "-"
+        rows.append(f"| {name} | {covers} | {collectives} |")
+    return "\n".join(rows)
+
+
 def cell(status: str) -> str:
     if status == compat.PRESENT:
         return "✓"
@@ -134,7 +159,14 @@ def matrix(trees: dict[str, Path]) -> str:
     lines.append(
         f"| (kv_headroom's burst: `compile_or_warm_up_model` runs the sampler) | {probe} |"
     )
-    return "\n".join(lines) + "\n\nPer target:\n\n" + "\n".join(detail)
+    return (
+        "\n".join(lines)
+        + "\n\nPer target:\n\n"
+        + "\n".join(detail)
+        + "\n\nWhat the warm-up lock covers (`kernel_warmup` up to `if process_local_only: "
+        "return`, where that line exists; otherwise the allow-list "
+        f"{', '.join(warmup_lock.ALLOWED)}):\n\n" + warm_up_coverage(trees)
+    )
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
+from helpers.warm_ups import one_warm_up
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -277,7 +278,7 @@ def test_an_odd_entry_refuses_the_lock_in_one_line_and_the_warmup_runs_unlocked(
     make(path, outside)
     before = snapshot(outside)
     ran: list[bool] = []
-    wrapper = warmup_lock._serialised("qwen_triton_warmup", lock_settings(lock_dir))
+    wrapper = one_warm_up("qwen_triton_warmup", lock_settings(lock_dir))
     with logged(warmup_lock.logger) as records:
         result = within(10, lambda: wrapper(lambda: ran.append(True) or 42, None, (), {}))
     assert (result, ran) == (42, [True])
@@ -296,7 +297,7 @@ def test_an_odd_entry_refuses_the_lock_in_one_line_and_the_warmup_runs_unlocked(
 def test_an_owner_file_with_another_hard_link_is_not_written(lock_dir, outside):
     owner = lock_dir / "warmup.slot0.owner"
     os.link(outside / "target", owner)
-    wrapper = warmup_lock._serialised("qwen_triton_warmup", lock_settings(lock_dir))
+    wrapper = one_warm_up("qwen_triton_warmup", lock_settings(lock_dir))
     with logged(warmup_lock.logger) as records:
         assert within(10, lambda: wrapper(lambda: 7, None, (), {})) == 7
     (line,) = loud(records)
@@ -320,7 +321,7 @@ def test_a_waiter_reading_an_odd_owner_file_refuses_at_once(kind, make, says, lo
     make(lock_dir / "warmup.slot0.owner", outside)
     try:
         settings_ = lock_settings(lock_dir, VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S="60")
-        wrapper = warmup_lock._serialised("qwen_triton_warmup", settings_)
+        wrapper = one_warm_up("qwen_triton_warmup", settings_)
         with logged(warmup_lock.logger) as records:
             assert within(5, lambda: wrapper(lambda: "done", None, (), {})) == "done"
     finally:
@@ -395,7 +396,7 @@ def test_a_warmup_lock_failure_is_one_line_and_the_warmup_still_runs_once(
 ):
     monkeypatch.setattr(HostSemaphore, stage, failing(error))
     calls: list[int] = []
-    wrapper = warmup_lock._serialised("qwen_triton_warmup", lock_settings(lock_dir))
+    wrapper = one_warm_up("qwen_triton_warmup", lock_settings(lock_dir))
     with logged(warmup_lock.logger) as records:
         assert wrapper(lambda x: calls.append(x) or x * 2, None, (21,), {}) == 42
     assert calls == [21]
@@ -414,7 +415,7 @@ def test_the_warmups_own_exception_propagates_unchanged(stage, own, lock_dir, mo
         calls.append(True)
         raise own
 
-    wrapper = warmup_lock._serialised("qwen_triton_warmup", lock_settings(lock_dir))
+    wrapper = one_warm_up("qwen_triton_warmup", lock_settings(lock_dir))
     with pytest.raises(type(own)) as err:
         wrapper(warmup, None, (), {})
     assert err.value is own and calls == [True]

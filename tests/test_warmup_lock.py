@@ -3,7 +3,6 @@ time-out, lock-directory safety, and the allow-list against the installed source
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import signal
@@ -13,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.warm_ups import one_warm_up
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix import config, warmup_section
 from vllm_xpu_memfix.fixes import warmup_lock
 from vllm_xpu_memfix.host_lock import HostSemaphore, LockDirError, prepare_lock_dir
 
@@ -103,7 +103,7 @@ def test_time_out_proceeds_without_the_lock_and_names_the_holder(tmp_path, caplo
             {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), "VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": "2"}
         )
         ran = []
-        wrapper = warmup_lock._serialised("qwen_triton_warmup", settings)
+        wrapper = one_warm_up("qwen_triton_warmup", settings)
         started = time.monotonic()
         wrapper(lambda: ran.append(True), None, (), {})
         waited = time.monotonic() - started
@@ -180,38 +180,157 @@ def test_bad_slot_counts_are_refused(value):
         config.load({"VLLM_XPU_MEMFIX_WARMUP_SLOTS": value})
 
 
-def test_only_allow_listed_process_local_warmups_are_wrapped():
-    """Fails if a patch wraps a name off the allow-list, or an allow-listed name is called
-    where kernel_warmup may already have run collectives (after `if process_local_only`)."""
+def installed_kernel_warmup_source() -> str:
     from vllm_xpu_memfix.cli import compat
 
-    for patch in warmup_lock.patches(config.load({})):
-        module, _, name = patch.target.partition(":")
-        assert module == warmup_lock.MODULE and name in warmup_lock.ALLOWED, patch.target
     root = compat.installed_vllm_root()
     if root is None:
         pytest.skip("vLLM is not installed")
-    source = (root / "vllm/model_executor/warmup/kernel_warmup.py").read_text()
-    function = next(
-        n
-        for n in ast.walk(ast.parse(source))
-        if isinstance(n, ast.FunctionDef) and n.name == "kernel_warmup"
-    )
-    local_only_line = next(
-        n.lineno
-        for n in ast.walk(function)
-        if isinstance(n, ast.If) and "process_local_only" in ast.unparse(n.test)
-    )
-    calls = {
-        n.func.id: n.lineno
-        for n in ast.walk(function)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-    }
+    return (root / "vllm/model_executor/warmup/kernel_warmup.py").read_text()
+
+
+def test_patches_wrap_only_kernel_warmup_and_allow_listed_process_local_warmups():
+    """Fails if a patch wraps anything but kernel_warmup where the workers call it, or a
+    name off the allow-list; and if an allow-listed name is called where kernel_warmup may
+    already have run collectives (after `if process_local_only`)."""
+    for patch in warmup_lock.patches(config.load({})):
+        module, _, name = patch.target.partition(":")
+        if name == "kernel_warmup":
+            assert patch.target in warmup_lock.SECTION_TARGETS
+        else:
+            assert module == warmup_lock.MODULE and name in warmup_lock.ALLOWED, patch.target
+    found = warmup_section.process_local_section(installed_kernel_warmup_source())
+    assert found.usable, found.why_not
     for name in warmup_lock.ALLOWED:
-        assert name in calls, f"{name} is not called by kernel_warmup any more"
-        assert calls[name] < local_only_line, (
-            f"{name} is called after the collective section starts"
-        )
+        assert name in found.calls, f"{name} is not called in the process-local section"
+
+
+def test_the_installed_process_local_section_calls_no_collective():
+    found = warmup_section.process_local_section(installed_kernel_warmup_source())
+    assert found.usable and found.collectives == ()
+    assert "warmup" in found.calls, "the JIT registry's warmup() is inside the section"
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("def kernel_warmup(worker):\n    qwen_triton_warmup(worker)\n", "no keyword-only"),
+        (
+            "def kernel_warmup(worker, *, process_local_only=False):\n"
+            "    if process_local_only and worker.x:\n        return\n",
+            "reads process_local_only 1 times, not once as",
+        ),
+        (
+            "def kernel_warmup(worker, *, process_local_only=False):\n"
+            "    a(process_local_only)\n    if process_local_only:\n        return\n",
+            "reads process_local_only 2 times",
+        ),
+        ("def kernel_warmup(:\n", "does not parse"),
+        ("def other():\n    pass\n", "no kernel_warmup"),
+    ],
+)
+def test_a_kernel_warmup_of_another_shape_falls_back_to_the_allow_list(source, why):
+    found = warmup_section.process_local_section(source)
+    assert not found.usable and why in found.why_not and found.calls == ()
+
+
+def test_a_collective_in_the_section_would_be_seen():
+    source = (
+        "def kernel_warmup(worker, *, process_local_only=False):\n"
+        "    registry.warmup()\n    torch.distributed.all_reduce(x)\n"
+        "    if process_local_only:\n        return\n    barrier()\n"
+    )
+    found = warmup_section.process_local_section(source)
+    assert found.calls == ("warmup", "all_reduce") and found.collectives == ("all_reduce",)
+
+
+class StopAfterSection(Exception):
+    pass
+
+
+@pytest.mark.parametrize("local_only", [False, True])
+def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
+    tmp_path, monkeypatch, caplog, local_only
+):
+    """vLLM's own kernel_warmup, called through the binding the worker calls
+    (gpu_worker.kernel_warmup): every function of its process-local section, the JIT
+    registry's warmup() included, runs while this process holds the slot; the first call
+    after `if process_local_only: return` finds it free; the allow-listed warm-ups inside
+    do not queue a second time; an exception from vLLM passes through unchanged."""
+    import logging
+    from types import SimpleNamespace
+
+    pytest.importorskip("vllm")
+    from vllm.model_executor.warmup import kernel_warmup as module
+    from vllm.v1.worker import gpu_worker
+
+    from vllm_xpu_memfix.patching import Patcher
+
+    lock_dir = tmp_path / "locks"
+    seen: list[tuple[str, bool]] = []
+
+    def slot_free() -> bool:
+        probe = HostSemaphore(lock_dir, "warmup", 1)
+        holding = probe.acquire(timeout_s=0)
+        probe.release(holding)
+        return holding.acquired
+
+    def recorder(name):
+        def record(*_args, **_kwargs):
+            seen.append((name, slot_free()))
+
+        return record
+
+    section = warmup_section.process_local_section(installed_kernel_warmup_source())
+    for name in section.calls:
+        if callable(getattr(module, name, None)) and not name.startswith("_"):
+            monkeypatch.setattr(module, name, recorder(name))
+
+    def after_section(*_args, **_kwargs):
+        seen.append(("after", slot_free()))
+        raise StopAfterSection
+
+    monkeypatch.setattr(module, "flashinfer_sparse_mla_decode_autotune_warmup", after_section)
+    # kernel_warmup imports this one first; its module needs torchvision, absent here.
+    minimax = "vllm.model_executor.warmup.minimax_m3_msa_warmup"
+    monkeypatch.setitem(sys.modules, minimax, SimpleNamespace(minimax_m3_msa_warmup=None))
+    kernel = SimpleNamespace(enable_jit_warmup=True, enable_cutedsl_warmup=False)
+    worker = SimpleNamespace(
+        use_v2_model_runner=True,
+        model_runner=SimpleNamespace(jit_warmup_registry=SimpleNamespace(warmup=recorder("jit"))),
+        vllm_config=SimpleNamespace(
+            kernel_config=kernel,
+            model_config=None,
+            compilation_config=SimpleNamespace(cudagraph_capture_sizes=[]),
+        ),
+    )
+    settings = config.load(
+        {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), "VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": "3"}
+    )
+    patcher = Patcher()
+    warmup_lock.install(patcher, settings)
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.INFO):
+            if local_only:
+                assert gpu_worker.kernel_warmup(worker, process_local_only=True) is None
+            else:
+                with pytest.raises(StopAfterSection):
+                    gpu_worker.kernel_warmup(worker)
+    finally:
+        patcher.revert_all()
+    assert time.monotonic() - started < 2.5, "an inner warm-up queued behind its own section"
+    inside = [(name, free) for name, free in seen if name != "after"]
+    assert ("jit", False) in inside and ("qwen_triton_warmup", False) in inside
+    assert all(not free for _, free in inside), inside
+    assert [entry for entry in seen if entry[0] == "after"] == (
+        [] if local_only else [("after", True)]
+    )
+    assert slot_free()
+    lines = [r.getMessage() for r in caplog.records if "warm-up lock" in r.getMessage()]
+    assert any("covers kernel_warmup's process-local section" in line for line in lines)
+    held = [line for line in lines if "kernel_warmup's process-local section waited" in line]
+    assert len(held) == 1 and not any("gave up" in line for line in lines), lines
 
 
 @pytest.mark.parametrize(("mode", "waits"), [("auto", False), ("on", True)])
@@ -229,7 +348,7 @@ def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatc
             }
         )
         started = time.monotonic()
-        warmup_lock._serialised("qwen_triton_warmup", settings)(lambda: None, None, (), {})
+        one_warm_up("qwen_triton_warmup", settings)(lambda: None, None, (), {})
         assert (time.monotonic() - started >= 1.5) is waits
     finally:
         holder.kill()

@@ -5,22 +5,31 @@ Problem
     second (llm-scaler #703); Triton and LLVM compilation cost host RAM in each
     process, and several vLLM instances on one box add up.
 Mechanism
-    Wraps the process-local JIT warm-ups that
-    ``vllm.model_executor.warmup.kernel_warmup.kernel_warmup`` calls, by their
-    names in that module, in a host-wide counting semaphore of file locks
-    (``host_lock``). A rank that waits finds the kernels already compiled when
-    the ranks share a Triton cache (eager mode). Nothing that runs a collective
-    is ever wrapped: a rank blocked on a host lock while its peers wait in an
-    all-reduce would deadlock. ``ALLOWED`` is that explicit list; each name is
-    called in ``kernel_warmup`` before its ``if process_local_only: return``.
-    Whatever fails on the plugin's side (an unusable lock directory, an entry in it
-    that is not a regular file, anything else) is logged in one line and the warm-up
-    runs unlocked; the warm-up's own exceptions pass through unchanged.
+    Holds a slot of a host-wide counting semaphore of file locks (``host_lock``)
+    over the whole process-local section of vLLM's ``kernel_warmup``: from its
+    start (the JIT registry's compile, the Qwen/mamba/Kimi warm-ups, whatever a
+    release puts there) to its ``if process_local_only: return``, where what
+    follows may run collectives. The slot is given back exactly when vLLM
+    evaluates that flag: the wrapper passes a stand-in whose truth test releases
+    it. It does so only where the source has that shape (``warmup_section``:
+    a keyword-only flag, read once, as a bare ``if ...: return``); vLLM relies on
+    the same property, since elastic EP runs that section alone on new workers
+    (``process_local_only=True``). Where the shape is absent (vLLM 0.26) the
+    lock falls back to wrapping ``ALLOWED``, the warm-ups known to be
+    process-local, one at a time. A rank that waits finds the kernels already
+    compiled when the ranks share a Triton cache (eager mode). Whatever fails on
+    the plugin's side (an unusable lock directory, an entry in it that is not a
+    regular file, anything else) is logged in one line and the warm-up runs
+    unlocked; the warm-up's own exceptions pass through unchanged.
 Targets
+    ``vllm.v1.worker.gpu_worker:kernel_warmup`` and
+    ``vllm.distributed.elastic_ep.elastic_execute:kernel_warmup`` (the bindings
+    its callers use); the fallback's
     ``vllm.model_executor.warmup.kernel_warmup:qwen_triton_warmup``,
     ``vllm.model_executor.warmup.kernel_warmup:qwen_vl_triton_warmup``,
     ``vllm.model_executor.warmup.kernel_warmup:mamba_triton_warmup`` (module
-    attributes, imported from their own modules).
+    attributes, imported from their own modules), which step aside while the
+    section's slot is held.
 Switch
     ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto: on, except where the rank compiles into
     its own Triton cache, i.e. vLLM's compiled mode: measured, waiting then saves
@@ -36,12 +45,15 @@ Remove when
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
+import textwrap
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix import config, warmup_section
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
@@ -54,8 +66,14 @@ logger = get_logger("warmup_lock")
 FIX = config.WARMUP_LOCK
 _RANK_DIR = re.compile(r"[/\\]rank_\d+_\d+[/\\]")
 MODULE = "vllm.model_executor.warmup.kernel_warmup"
-# Process-local JIT warm-ups only: no collective runs inside any of them.
+# Process-local JIT warm-ups only: no collective runs inside any of them. The fallback
+# where kernel_warmup has no process_local_only section (vLLM 0.26).
 ALLOWED = ("qwen_triton_warmup", "qwen_vl_triton_warmup", "mamba_triton_warmup")
+# Where kernel_warmup is called from: the worker's warm-up, and elastic EP's new workers.
+SECTION_TARGETS = (
+    "vllm.v1.worker.gpu_worker:kernel_warmup",
+    "vllm.distributed.elastic_ep.elastic_execute:kernel_warmup",
+)
 REMOVE_WHEN = RemoveWhen(
     "kernel_warmup holds a node-local lock around its process-local JIT section",
     MODULE,
@@ -132,22 +150,79 @@ def _give_back(name: str, taken: tuple[HostSemaphore, Holding]) -> None:
     )
 
 
-def _serialised(name: str, settings: Settings) -> Any:
-    def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-        taken = _take_slot(name, settings)
-        if taken is None:
-            return wrapped(*args, **kwargs)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            _give_back(name, taken)
+class _SectionEnd:
+    """Stands in for ``process_local_only``: vLLM evaluates it once, at the
+    ``if process_local_only: return`` that ends the process-local section, and that
+    evaluation gives the slot back before anything after it can run a collective."""
 
-    return wrapper
+    def __init__(self, value: bool, at_end: Any) -> None:
+        self.value = value
+        self.at_end = at_end
+
+    def __bool__(self) -> bool:
+        self.at_end()
+        return self.value
 
 
 def patches(settings: Settings) -> tuple[Patch, ...]:
-    return tuple(
-        Patch(FIX.key, f"{MODULE}:{name}", _serialised(name, settings)) for name in ALLOWED
+    section_held: list[bool] = []  # non-empty while this process holds the section's slot
+
+    @functools.cache
+    def section(function: Any) -> warmup_section.Section:
+        try:
+            source = inspect.getsource(inspect.unwrap(function))
+        except (OSError, TypeError) as exc:
+            found = warmup_section.Section((), f"its source cannot be read ({exc})")
+        else:
+            found = warmup_section.process_local_section(textwrap.dedent(source))
+        if found.usable:
+            logger.info(
+                "vllm-xpu-memfix: warm-up lock covers kernel_warmup's process-local section (%s)",
+                ", ".join(found.calls),
+            )
+        else:
+            logger.info(
+                "vllm-xpu-memfix: warm-up lock covers %s only: %s",
+                ", ".join(ALLOWED),
+                found.why_not,
+            )
+        return found
+
+    def whole_section(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        if section_held or not section(wrapped).usable:
+            return wrapped(*args, **kwargs)
+        name = "kernel_warmup's process-local section"
+        taken = _take_slot(name, settings)
+        if taken is None:
+            return wrapped(*args, **kwargs)
+        section_held.append(True)
+
+        def give_back() -> None:
+            if section_held:
+                section_held.clear()
+                _give_back(name, taken)
+
+        flag = bool(kwargs.pop(warmup_section.FLAG, False))
+        try:
+            return wrapped(*args, **{warmup_section.FLAG: _SectionEnd(flag, give_back)}, **kwargs)
+        finally:
+            give_back()
+
+    def one_warm_up(name: str) -> Any:
+        def wrapper(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+            taken = None if section_held else _take_slot(name, settings)
+            if taken is None:
+                return wrapped(*args, **kwargs)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                _give_back(name, taken)
+
+        return wrapper
+
+    return (
+        *(Patch(FIX.key, target, whole_section, optional=True) for target in SECTION_TARGETS),
+        *(Patch(FIX.key, f"{MODULE}:{name}", one_warm_up(name)) for name in ALLOWED),
     )
 
 
