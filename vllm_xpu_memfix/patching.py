@@ -36,7 +36,9 @@ class Patch:
     ``optional`` target is one that only some layouts of its module define: its absence
     is logged at DEBUG, not as a WARNING. A ``once`` patch with ``counts`` passes calls
     through untouched until ``counts()`` is true (the ledger's "ready" skips the
-    warm-up's own calls of ``execute_model``).
+    warm-up's own calls of ``execute_model``). An ``own_only`` patch of a method is
+    applied only where the class defines that method itself, never on an inherited one
+    (``overrides``: a platform worker's own version of a ``Worker`` method).
     """
 
     fix: str
@@ -46,6 +48,7 @@ class Patch:
     params: tuple[str, ...] = ()
     optional: bool = False
     counts: Callable[[], bool] | None = None
+    own_only: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -164,6 +167,10 @@ class Patcher:
                 target,
                 vllm_version(),
             )
+            return
+        if record.patch.own_only and attribute not in vars(parent):
+            record.state, record.reason = State.SKIPPED, f"{target} is inherited, not overridden"
+            logger.debug("vllm-xpu-memfix: fix %s: %s", record.patch.fix, record.reason)
             return
         if _wrapped_by(original, key):
             record.state, record.reason = State.SKIPPED, f"{target} is already wrapped by this fix"

@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from vllm_xpu_memfix import __version__, config, fixes
+from vllm_xpu_memfix import __version__, config, fixes, overrides
 from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.overrides import INHERITS
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -51,11 +52,18 @@ def main(args: argparse.Namespace) -> int:
             unreadable[exc.path] = exc.reason
             return "unreadable (see below)"
 
+    source_of = partial(compat.module_source, root)
+    workers = readable_overrides(settings, source_of, readable)
+    overridden = {f"{worker}.{method}" for worker, method, kind in workers if kind != INHERITS}
     rows = [("fix", "switch", "value", "target", "status")]
     missing = 0
     for fix in config.FIXES:
         value = settings.mode(fix).value
-        patches = fixes.module_of(fix).patches(settings)
+        patches = [
+            patch
+            for patch in fixes.patches_of(fixes.module_of(fix), settings)
+            if not patch.own_only or patch.target in overridden
+        ]
         if not patches:
             rows.append((fix.key, fix.env, value, "(none: acts at registration)", "-"))
         for patch in patches:
@@ -71,9 +79,49 @@ def main(args: argparse.Namespace) -> int:
         removal.append((fix.key, rule.change, upstream))
     print(_table(removal))
     print(f"\nsym_int4: {readable(partial(sym_int4_layout, root))}")
+    print(f"\n{platform_workers(workers)}")
     for path, reason in unreadable.items():
         print(f"unreadable: {path}: {reason}")
     return 1 if missing and args.strict else 0
+
+
+def readable_overrides(
+    settings: config.Settings,
+    source_of: Callable[[str], str | None],
+    readable: Callable[[Callable[[], str]], str],
+) -> list[tuple[str, str, str]]:
+    """``overrides.scan`` of the patched ``Worker`` methods; a worker module that cannot be
+    read is reported like any unreadable target module."""
+    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
+    rows: list[tuple[str, str, str]] = []
+
+    def scan() -> str:
+        rows.extend(overrides.scan(methods, source_of))
+        return ""
+
+    if readable(scan):
+        return []
+    return rows
+
+
+def platform_workers(rows: list[tuple[str, str, str]]) -> str:
+    """Per platform worker: which patched ``Worker`` methods it overrides, and how."""
+    lines = ["platform workers (patched Worker methods they override):"]
+    for worker in overrides.PLATFORM_WORKERS:
+        kinds = {method: kind for w, method, kind in rows if w == worker}
+        if overrides.ABSENT in kinds.values():
+            lines.append(f"  {worker}: not in this vLLM")
+            continue
+        own = [(method, kind) for method, kind in kinds.items() if kind != INHERITS]
+        if not own:
+            lines.append(f"  {worker}: inherits every one")
+        for method, kind in own:
+            effect = {
+                overrides.WITHOUT_SUPER: "the fixes patch the override too",
+                overrides.CALLS_SUPER: "patched there too; the fix acts once per call",
+            }.get(kind, "")
+            lines.append(f"  {worker}.{method}: {kind}" + (f" ({effect})" if effect else ""))
+    return "\n".join(lines)
 
 
 def sym_int4_layout(root: Path) -> str:

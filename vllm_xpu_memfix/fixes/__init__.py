@@ -35,6 +35,7 @@ from vllm_xpu_memfix.fixes import (
     load_lock,
     warmup_lock,
 )
+from vllm_xpu_memfix.overrides import with_platform_overrides
 from vllm_xpu_memfix.patching import Patch, Patcher
 
 # Installed in this order; on a shared target the later one is outermost, so the
@@ -65,7 +66,13 @@ def uninstall(module: ModuleType, patcher: Patcher) -> None:
     patcher.revert_all(fix=module.FIX.key)
 
 
+def patches_of(module: ModuleType, settings: Settings) -> tuple[Patch, ...]:
+    """What ``module.install`` installs: its patches, and for each patched ``Worker``
+    method the platform workers' own overrides of it (``overrides``)."""
+    return with_platform_overrides(module.patches(settings))
+
+
 def all_patches(settings: Settings | None = None) -> list[Patch]:
-    """Every fix's patches, built with ``settings`` (default: the defaults)."""
+    """Every fix's patches as installed, built with ``settings`` (default: the defaults)."""
     settings = settings or config.load({})
-    return [patch for module in MODULES for patch in module.patches(settings)]
+    return [patch for module in MODULES for patch in patches_of(module, settings)]

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.overrides import with_platform_overrides
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, MiB
 
@@ -226,4 +227,4 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
 
 
 def install(patcher: Patcher, settings: Settings) -> None:
-    patcher.install_all(patches(settings))
+    patcher.install_all(with_platform_overrides(patches(settings)))

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Mode, Settings
 from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.overrides import with_platform_overrides
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.units import GiB, MiB
 
@@ -319,4 +320,4 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
 
 
 def install(patcher: Patcher, settings: Settings) -> None:
-    patcher.install_all(patches(settings))
+    patcher.install_all(with_platform_overrides(patches(settings)))

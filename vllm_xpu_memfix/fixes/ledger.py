@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_xpu_memfix import config
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.overrides import with_platform_overrides
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.process import current_role
 
@@ -225,6 +226,6 @@ def install(patcher: Patcher, settings: Settings) -> None:
     processes record it here, and only when their JSON lines are wanted.
     """
     recorder = Recorder(settings.ledger_dir)
-    patcher.install_all(recorder.patches())
+    patcher.install_all(with_platform_overrides(recorder.patches()))
     if current_role().role not in ("worker", "ray_worker") and settings.ledger_dir is not None:
         recorder.record("process start")
