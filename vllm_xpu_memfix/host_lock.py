@@ -11,6 +11,11 @@ Every entry of the directory is opened without following a symlink
 the open), must be a regular file, and is read at most ``OWNER_READ_BYTES`` at a
 time; anything else raises :class:`LockDirError` naming the path and what it is,
 and the caller then runs unlocked. Nothing is ever written through a link.
+
+This is ``flock`` directly rather than the ``filelock`` package, which takes the same
+kernel lock but opens its lock file following symlinks (and, in some versions, with
+``O_TRUNC``), so a link planted in the directory would be truncated or locked in its
+target's place; it offers no way to open with ``O_NOFOLLOW``.
 """
 
 from __future__ import annotations
