@@ -12,10 +12,11 @@ the open), must be a regular file, and is read at most ``OWNER_READ_BYTES`` at a
 time; anything else raises :class:`LockDirError` naming the path and what it is,
 and the caller then runs unlocked. Nothing is ever written through a link.
 
-This is ``flock`` directly rather than the ``filelock`` package, which takes the same
-kernel lock but opens its lock file following symlinks (and, in some versions, with
-``O_TRUNC``), so a link planted in the directory would be truncated or locked in its
-target's place; it offers no way to open with ``O_NOFOLLOW``.
+This is ``flock`` directly rather than the ``filelock`` package: filelock 3.x opens its
+lock file with ``O_TRUNC`` (read in 3.20.3, the line vLLM 0.32 requires), so a hard link
+planted in the directory would have its target truncated, refuses symlinks only from
+3.20.1 and never opens without blocking. The plugin goes into an existing vLLM
+environment and cannot choose that version; the lock itself is a few lines of ``fcntl``.
 """
 
 from __future__ import annotations
