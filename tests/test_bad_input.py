@@ -145,14 +145,19 @@ def test_any_text_is_either_a_number_in_range_or_refused_with_the_exact_line(var
     assert value == (int(raw) if bounds.integer else float(raw))
 
 
+def in_range(data: Any, bounds: config.Bounds) -> float:
+    """A value ``bounds`` accepts, drawn by hypothesis."""
+    if bounds.integer:
+        return data.draw(st.integers(int(bounds.minimum), int(bounds.maximum)))
+    value = data.draw(st.floats(bounds.minimum, bounds.maximum))
+    assume(not (bounds.above_minimum and value == bounds.minimum))
+    return value
+
+
 @given(data=st.data(), variable=st.sampled_from(NUMERIC))
 def test_every_number_in_range_written_plainly_is_accepted(data, variable):
     bounds = variable.bounds
-    if bounds.integer:
-        value = data.draw(st.integers(int(bounds.minimum), int(bounds.maximum)))
-    else:
-        value = data.draw(st.floats(bounds.minimum, bounds.maximum))
-        assume(not (bounds.above_minimum and value == bounds.minimum))
+    value = in_range(data, bounds)
     assert getattr(config.load({variable.name: repr(value)}), variable.field) == value
 
 
@@ -569,11 +574,7 @@ def test_every_value_in_range_parses_to_itself(option, data):
     from vllm_xpu_memfix.cli import build_parser
 
     bounds = option.bounds
-    if bounds.integer:
-        value = data.draw(st.integers(int(bounds.minimum), int(bounds.maximum)))
-    else:
-        value = data.draw(st.floats(bounds.minimum, bounds.maximum))
-        assume(not (bounds.above_minimum and value == bounds.minimum))
+    value = in_range(data, bounds)
     args, _ = build_parser().parse_known_args(option.argv(repr(value)))
     assert getattr(args, option.dest) == value
 
