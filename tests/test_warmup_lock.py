@@ -264,7 +264,7 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
     from vllm.model_executor.warmup import kernel_warmup as module
     from vllm.v1.worker import gpu_worker
 
-    from vllm_xpu_memfix.patching import Patcher
+    from vllm_xpu_memfix.patching import Patcher, _PatchWrapper
 
     lock_dir = tmp_path / "locks"
     seen: list[tuple[str, bool]] = []
@@ -291,6 +291,12 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
         raise StopAfterSection
 
     monkeypatch.setattr(module, "flashinfer_sparse_mla_decode_autotune_warmup", after_section)
+    # The plugin may be registered in this test process already (vLLM loads its plugins
+    # on some imports): the worker's binding then holds its wrapper, with other settings.
+    bound = gpu_worker.kernel_warmup
+    while isinstance(bound, _PatchWrapper):
+        bound = bound.__wrapped__
+    monkeypatch.setattr(gpu_worker, "kernel_warmup", bound)
     # kernel_warmup imports this one first; its module needs torchvision, absent here.
     minimax = "vllm.model_executor.warmup.minimax_m3_msa_warmup"
     monkeypatch.setitem(sys.modules, minimax, SimpleNamespace(minimax_m3_msa_warmup=None))
