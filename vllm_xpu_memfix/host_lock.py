@@ -205,17 +205,17 @@ class HostSemaphore:
         :class:`LockDirError` (or ``OSError``) with no slot held."""
         prepare_lock_dir(self.directory)
         started = time.monotonic()
-        waited_for: str | None = ""  # None: waited, holder not known yet
+        waited, holder = False, ""
         while True:
             for slot in range(self.slots):
                 fd = self._try_slot(slot)
                 if fd is not None:
-                    waited_for = waited_for or ("unknown" if waited_for is None else "")
+                    waited_for = holder or ("unknown" if waited else "")
                     return self._own(slot, fd, time.monotonic() - started, waited_for)
             # A holder writes its owner file just after taking the slot: read until it has.
-            waited_for = waited_for or self.holders() or None
+            waited, holder = True, holder or self.holders()
             if time.monotonic() - started >= timeout_s:
-                return Holding(None, time.monotonic() - started, waited_for or "unknown")
+                return Holding(None, time.monotonic() - started, holder or "unknown")
             time.sleep(POLL_S)
 
     def _own(self, slot: int, fd: int, waited_s: float, waited_for: str) -> Holding:

@@ -52,8 +52,12 @@ def main(args: argparse.Namespace) -> int:
             unreadable[exc.path] = exc.reason
             return "unreadable (see below)"
 
-    source_of = partial(compat.module_source, root)
-    workers = readable_overrides(settings, source_of, readable)
+    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
+    try:
+        workers = overrides.scan(methods, partial(compat.module_source, root))
+    except compat.Unreadable as exc:
+        unreadable[exc.path] = exc.reason
+        workers = []
     overridden = {f"{worker}.{method}" for worker, method, kind in workers if kind != INHERITS}
     rows = [("fix", "switch", "value", "target", "status")]
     missing = 0
@@ -83,25 +87,6 @@ def main(args: argparse.Namespace) -> int:
     for path, reason in unreadable.items():
         print(f"unreadable: {path}: {reason}")
     return 1 if missing and args.strict else 0
-
-
-def readable_overrides(
-    settings: config.Settings,
-    source_of: Callable[[str], str | None],
-    readable: Callable[[Callable[[], str]], str],
-) -> list[tuple[str, str, str]]:
-    """``overrides.scan`` of the patched ``Worker`` methods; a worker module that cannot be
-    read is reported like any unreadable target module."""
-    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
-    rows: list[tuple[str, str, str]] = []
-
-    def scan() -> str:
-        rows.extend(overrides.scan(methods, source_of))
-        return ""
-
-    if readable(scan):
-        return []
-    return rows
 
 
 def platform_workers(rows: list[tuple[str, str, str]]) -> str:
