@@ -47,14 +47,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qwen27b_tp4 import ATTENTION, GDN, MLP
+
 MODULE = "vllm.model_executor.layers.quantization.sym_int4"
 LOADS = ("streaming", "legacy")
 PATHS = ("host", "device")
-# Qwen3.5-27B-like: 64 layers, three Gated DeltaNet layers to one attention layer, hidden
-# 5120, MLP 17408; TP 4 shards (name, N, K), as in benchmarks/q4_0_device.py.
-GDN = (("gdn in_proj_qkvz", 4096, 5120), ("gdn out_proj", 5120, 1536))
-ATTENTION = (("attn qkv", 3584, 5120), ("attn o_proj", 5120, 1536))
-MLP = (("mlp gate_up", 8704, 5120), ("mlp down", 5120, 4352))
 # Qwen3-30B-A3B-like MoE layer at TP 4: 128 experts, hidden 2048, intermediate 768 / 4 =
 # 192, which the module pads to 256 (w13 [E, 2I, H], w2 [E, H, I]).
 MOE = (128, 2048, 192)
@@ -84,8 +81,8 @@ def digest(layer: Any) -> dict[str, Any]:
         meta = [str(tensor.dtype), list(tensor.shape), list(tensor.stride())]
         found[name] = [*meta, hashlib.sha256(data.tobytes()).hexdigest()]
     for name in ("weight", "w13_weight", "w2_weight"):
-        if name in vars(layer) or hasattr(layer, name):
-            found[f"attr {name}"] = repr(getattr(layer, name, "absent"))
+        if hasattr(layer, name):
+            found[f"attr {name}"] = repr(getattr(layer, name))
     for name, value in sorted(vars(layer).items()):
         if name.startswith("_int4") or name == "_already_called_process_weights_after_loading":
             found[f"attr {name}"] = value

@@ -32,20 +32,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from q4_0_cases import adversarial
+from qwen27b_tp4 import LAYERS
 
 from vllm_xpu_memfix.kernels import q4_0_reference as reference
 from vllm_xpu_memfix.kernels import q4_0_triton as kernel
 
-# Qwen3.5-27B-like (hidden 5120, MLP 17408, GDN 16/48 heads of 128, attention 24/4
-# heads of 256), each split 4 ways as TP 4 does: (name, N, K).
-LAYERS_27B_TP4 = (
-    ("mlp gate_up", 2 * 17408 // 4, 5120),
-    ("mlp down", 5120, 17408 // 4),
-    ("gdn in_proj_qkvz", (2 * 16 * 128 + 2 * 48 * 128) // 4, 5120),
-    ("gdn out_proj", 5120, 48 * 128 // 4),
-    ("attn qkv", (2 * 24 * 256 + 2 * 4 * 256) // 4, 5120),
-    ("attn o_proj", 5120, 24 * 256 // 4),
-)
 SHAPES = ((1, 128), (7, 300), (33, 1000), (129, 4100), (1000, 5120), (257, 4352), (3, 17408))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKS = (4, 8, 16, 32, 64)
@@ -173,8 +164,7 @@ def speed() -> dict:
     copy_bw = copy_bandwidth()
     threads = torch.get_num_threads()
     weights = {
-        name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        for name, n, k in LAYERS_27B_TP4
+        name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for name, n, k in LAYERS
     }
     sweep = []
     for tiles in TILES:
@@ -183,7 +173,7 @@ def speed() -> dict:
     best = min(sweep, key=lambda row: row["total_s"])
     tiles = {key: best[key] for key in ("block_n", "groups", "num_warps")}
     rows = []
-    for name, n, k in LAYERS_27B_TP4:
+    for name, n, k in LAYERS:
         weight = weights[name]
         moved = n * k * 2 + n * k // 2 + n * (k // 128) * 2
         kernel_s = best["per_layer"][name]
