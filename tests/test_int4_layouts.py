@@ -108,12 +108,17 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
 
 
-def state(layer: torch.nn.Module) -> dict:
-    """Every parameter (dtype, shape, strides, bytes) and plain attribute the step left."""
-    tensors = {
+def parameters(layer: torch.nn.Module) -> dict:
+    """Every parameter the step left: dtype, shape, strides, bytes."""
+    return {
         name: (t.dtype, tuple(t.shape), t.stride(), as_bytes(t))
         for name, t in layer.named_parameters()
     }
+
+
+def state(layer: torch.nn.Module) -> dict:
+    """Every parameter and plain attribute the step left."""
+    tensors = parameters(layer)
     plain = {k: v for k, v in vars(layer).items() if k.startswith("_int4")}
     plain["processed"] = getattr(layer, "_already_called_process_weights_after_loading", None)
     plain["weight"] = layer.weight
@@ -212,11 +217,7 @@ def moe_like(experts: int = 3, hidden: int = 256, intermediate: int = 200, seed:
 
 
 def moe_state(layer: torch.nn.Module) -> dict:
-    tensors = {
-        name: (t.dtype, tuple(t.shape), t.stride(), as_bytes(t))
-        for name, t in layer.named_parameters()
-    }
-    return {"tensors": tensors, "cleared": [layer.w13_weight, layer.w2_weight]}
+    return {"tensors": parameters(layer), "cleared": [layer.w13_weight, layer.w2_weight]}
 
 
 def test_the_device_path_leaves_an_moe_layer_exactly_as_the_host_path(replay, device_path, caplog):
