@@ -173,10 +173,8 @@ def patches(_settings: Settings) -> tuple[Patch, ...]:
 
     @functools.cache
     def moe_side_mismatch() -> str | None:
-        found = layout()
-        if found.layout is None:
-            return "the layout is unknown"
-        why = found.layout.moe_side_mismatch(found.shape)
+        """Asked only once the host-round-trip layout is recognised."""
+        why = int4_layouts.HOST_ROUND_TRIP.moe_side_mismatch(layout().shape)
         if why is not None:
             logger.info("vllm-xpu-memfix: sym_int4 MoE layers keep the host path: %s", why)
         return why
