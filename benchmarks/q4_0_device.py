@@ -3,6 +3,9 @@
 Runs on a CUDA machine (see benchmarks/device/README.md for the bundle; only torch,
 Triton and this repository are needed here).
 
+- Golden: the kernel against the outputs of Intel's compiled Q4_0 library recorded in
+  tests/data/q4_0_golden (group 64, bf16/fp16/fp32, near-ties, padding, edges), and
+  against the reference on the near-tie probe at the images' group of 128.
 - Exactness: random shapes (odd N, K that needs padding), float16/bfloat16/float32,
   group sizes 32/64/128, and the adversarial groups of tests/q4_0_cases.py. The
   kernel runs on the GPU, the reference on the CPU; packed words and the fp16
@@ -31,11 +34,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from q4_0_cases import adversarial
+from q4_0_cases import adversarial, load_golden
 from qwen27b_tp4 import LAYERS
 
 from vllm_xpu_memfix.kernels import q4_0_reference as reference
 from vllm_xpu_memfix.kernels import q4_0_triton as kernel
+from vllm_xpu_memfix.kernels.q4_0_probe import near_tie_probe
 
 SHAPES = ((1, 128), (7, 300), (33, 1000), (129, 4100), (1000, 5120), (257, 4352), (3, 17408))
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -90,6 +94,46 @@ def exactness(**tiles: int) -> dict:
         "non_finite_refused": refused,
         "mismatching_cases": mismatches,
         "failures": failures[:20],
+    }
+
+
+def differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    if a.dtype == torch.float16:
+        a, b = a.view(torch.int16), b.view(torch.int16)
+    return int((a.cpu() != b.cpu()).sum())
+
+
+def golden(**tiles: int) -> dict:
+    """Words and scale bits that differ between the kernel and Intel's library, per case."""
+    cases, provenance = load_golden()
+    group = int(provenance["group_size"])
+    rows = {}
+    for name, case in sorted(cases.items()):
+        qweight, scales = kernel.quantize(case["weight"].cuda(), group, **tiles)
+        rows[name] = {
+            "words": case["qweight"].numel(),
+            "words_differ": differing(qweight, case["qweight"]),
+            "scales_differ": differing(scales, case["scales"]),
+        }
+    probes = {}
+    for dtype in DTYPES:
+        probe = near_tie_probe(128, dtype)
+        expected, _ = reference.quantize(probe, 128)
+        qweight, _ = kernel.quantize(probe.cuda(), 128, **tiles)
+        probes[str(dtype)] = {
+            "words": expected.numel(),
+            "words_differ": differing(qweight, expected),
+        }
+    identical = [
+        name for name, row in rows.items() if not row["words_differ"] + row["scales_differ"]
+    ]
+    return {
+        "library": provenance["library"],
+        "library_sha256": provenance["library_sha256"],
+        "tiles": tiles,
+        "cases": rows,
+        "identical_cases": len(identical),
+        "near_tie_probe_g128_vs_reference": probes,
     }
 
 
@@ -216,11 +260,18 @@ def speed() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--golden-only", action="store_true", help="skip exactness and speed")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
 
     started = time.perf_counter()
+    tiles = {"block_n": kernel.BLOCK_N, "groups": kernel.GROUPS, "num_warps": kernel.NUM_WARPS}
+    against_library = golden(**tiles)
+    print(json.dumps(against_library), flush=True)
+    if args.golden_only:
+        (args.out / "q4_0_golden.json").write_text(json.dumps(against_library, indent=1))
+        return
     exact = [exactness(block_n=kernel.BLOCK_N, groups=kernel.GROUPS, num_warps=kernel.NUM_WARPS)]
     print(json.dumps(exact[0]), flush=True)
     fast = speed()
@@ -231,6 +282,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
+        "golden": against_library,
         "exactness": exact,
         "speed": fast,
         "seconds": time.perf_counter() - started,

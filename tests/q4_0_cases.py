@@ -1,14 +1,25 @@
 """Q4_0 test material shared by the CPU tests and the device exactness run.
 
 ``ggml_scalar`` transliterates GGML's ``quantize_row_q4_0_reference`` loop one
-element at a time in numpy float32, independently of the vectorised reference.
+element at a time in numpy, independently of the vectorised reference, as Intel's
+compiled library runs it: ``x * id + 8.5`` fused (one rounding; ``vfmadd132ss`` in its
+disassembly), and inf/NaN converted to 0 (``vcvttss2si``, then an int8 cast).
+``unfused_q4_0`` is the other reading of GGML's C, the product rounded first: the
+rule the golden data must tell apart.
 ``adversarial`` builds groups that sit on every edge the format has.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
+
+from vllm_xpu_memfix.kernels import q4_0_reference
+
+GOLDEN = Path(__file__).parent / "data" / "q4_0_golden" / "golden.safetensors"
 
 
 def ggml_scalar(row: np.ndarray, group_size: int) -> tuple[list[int], list[np.float16]]:
@@ -21,12 +32,20 @@ def ggml_scalar(row: np.ndarray, group_size: int) -> tuple[list[int], list[np.fl
             if amax < abs(v):
                 amax, vmax = abs(v), v
         d = np.float32(vmax / np.float32(-8.0))
-        inverse = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        with np.errstate(over="ignore"):  # 1/d overflows for a group of tiny values
+            inverse = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
         scales.append(np.float16(d))
         for v in row[start : start + group_size]:
-            scaled = np.float32(v * inverse)
-            qs.append(min(15, int(np.float32(scaled + np.float32(8.5)))))
+            with np.errstate(invalid="ignore"):
+                fused = np.float32(np.float64(v) * np.float64(inverse) + 8.5)
+            qs.append(min(15, int(fused)) if np.isfinite(fused) else 0)
     return qs, scales
+
+
+def unfused_q4_0(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Packed words by GGML's C read literally: ``fl(fl(x * id) + 8.5)``; K zero-padded."""
+    x, d = q4_0_reference.groups(weight, group_size)
+    return q4_0_reference.pack(x * q4_0_reference.inverse_of(d) + 8.5)
 
 
 def adversarial(group_size: int, dtype: torch.dtype) -> torch.Tensor:
@@ -60,3 +79,17 @@ def adversarial(group_size: int, dtype: torch.dtype) -> torch.Tensor:
     alternating = torch.tensor([(-1.0) ** i * (i % 7 + 1) for i in range(g)])
     rows.append(alternating)
     return torch.stack(rows).to(dtype)
+
+
+def load_golden() -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, str]]:
+    """The golden data recorded from Intel's library: ``{case: {weight, qweight, scales}}``
+    and the provenance (tests/data/q4_0_golden/README.md)."""
+    from safetensors import safe_open
+
+    cases: dict[str, dict[str, torch.Tensor]] = {}
+    with safe_open(str(GOLDEN), "pt") as f:
+        for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            case, part = key.rsplit(".", 1)
+            cases.setdefault(case, {})[part] = f.get_tensor(key)
+        provenance = json.loads(f.metadata()["provenance"])
+    return cases, provenance

@@ -123,3 +123,24 @@ def test_check_strict_fails_on_a_tree_without_the_targets(tmp_path, capsys, clea
     (tmp_path / "vllm").mkdir()
     assert main(["check", "--source", str(tmp_path), "--strict"]) == 1
     assert "missing: module vllm.v1.worker.gpu_worker" in capsys.readouterr().out
+
+
+def test_check_reports_the_last_device_quant_self_check(tmp_path, capsys, clean_env, monkeypatch):
+    from vllm_xpu_memfix import int4_self_check
+
+    locks = tmp_path / "locks"
+    (tmp_path / "vllm").mkdir()
+    monkeypatch.setenv("VLLM_XPU_MEMFIX_LOCK_DIR", str(locks))
+
+    def line() -> str:
+        assert main(["check", "--source", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        return next(row for row in out.splitlines() if row.startswith("device_quant self-check:"))
+
+    assert "none recorded yet" in line()
+    found = int4_self_check.Comparison("near-tie probe 60x128 bf16", 960, 37, 0)
+    record = int4_self_check.record([found], "xpu:0", object(), False, "differs in 37 of 960")
+    int4_self_check.write_record(locks, record)
+    assert "(pid" in line() and "host path kept: differs in 37 of 960" in line()
+    (locks / int4_self_check.RECORD).write_text("{not json")
+    assert "unreadable (JSONDecodeError)" in line()

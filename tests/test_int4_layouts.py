@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
 MODULE = "vllm.model_executor.layers.quantization.sym_int4"
+SELF_CHECK_CALLS = 2  # int4_self_check.probes: a random tensor and the near-tie probe
 
 
 @pytest.fixture
@@ -126,8 +127,9 @@ def state(layer: torch.nn.Module) -> dict:
 
 
 @pytest.fixture
-def device_path(monkeypatch, replay):
-    """Installs device_quant on the replay when asked; counts the module's library calls."""
+def device_path(monkeypatch, replay, tmp_path):
+    """Installs device_quant on the replay when asked; counts the module's library calls.
+    The self-check's record goes to ``tmp_path``."""
     from vllm_xpu_memfix.fixes import device_quant
 
     monkeypatch.setattr(device_quant, "check_device", lambda: torch.device("cpu"))
@@ -141,8 +143,9 @@ def device_path(monkeypatch, replay):
 
     monkeypatch.setattr(replay, "ggml_quantize_tensor", counted)
     patcher = Patcher()
+    settings = config.load({"VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path)})
     yield types.SimpleNamespace(
-        calls=calls, install=lambda: device_quant.install(patcher, config.load({}))
+        calls=calls, install=lambda: device_quant.install(patcher, settings), records=tmp_path
     )
     patcher.revert_all()
 
@@ -158,13 +161,44 @@ def test_the_device_path_leaves_the_layer_exactly_as_the_host_path(replay, devic
     with caplog.at_level(logging.INFO):
         replay._quantize_linear_int4_inplace(device_layer)
     assert "quantizes on the device" in caplog.text, "the device path ran"
-    assert len(device_path.calls) == 2, "the library ran for the self-check only, not the layer"
+    assert len(device_path.calls) == 1 + SELF_CHECK_CALLS, "the self-check only, not the layer"
     got = state(device_layer)
     assert got["plain"] == expected["plain"]
     assert got["tensors"].keys() == expected["tensors"].keys()
     for name, (dtype, shape, stride, data) in expected["tensors"].items():
         assert got["tensors"][name][:3] == (dtype, shape, stride), name
         assert torch.equal(got["tensors"][name][3], data), name
+
+
+@pytest.mark.parametrize("rounding", ["fused", "product-first"])
+def test_the_self_check_holds_the_kernel_to_the_installed_library(
+    replay, device_path, monkeypatch, caplog, rounding
+):
+    """The replay's library rounds as Intel's (fused), or the other way: device_quant
+    takes the device path only where the kernel matches the module's own quantizer,
+    says which comparisons ran with counts, and records them for ``check``."""
+    from vllm_xpu_memfix.int4_self_check import describe
+
+    monkeypatch.setattr(replay, "ROUNDING", rounding)
+    layer = layer_like()
+    device_path.install()
+    with caplog.at_level(logging.INFO):
+        replay._quantize_linear_int4_inplace(layer)
+    decision = [r.getMessage() for r in caplog.records if "sym_int4 quantizes" in r.getMessage()]
+    decision += [r.getMessage() for r in caplog.records if "keeps its host path" in r.getMessage()]
+    assert len(decision) == 1
+    line = decision[0]
+    report = describe(device_path.records)
+    if rounding == "fused":
+        assert "quantizes on the device" in line and "960 words of a near-tie probe" in line
+        assert len(device_path.calls) == SELF_CHECK_CALLS, "the layer went to the device"
+        assert "last run" in report and "device path:" in report
+    else:
+        assert "keeps its host path" in line and "round x * id + 8.5 differently" in line
+        ties = int(line.split(" words (near-tie probe")[0].rsplit("; ", 1)[1].split(" of ")[0])
+        assert ties > 100, line  # the probe exposes the other rounding in many words
+        assert len(device_path.calls) == SELF_CHECK_CALLS + 1, "the layer took the host path"
+        assert "host path kept" in report and "near-tie probe" in report
 
 
 def test_a_non_finite_weight_falls_back_to_the_host_path_with_one_line(replay, device_path, caplog):
@@ -176,7 +210,7 @@ def test_a_non_finite_weight_falls_back_to_the_host_path_with_one_line(replay, d
         replay._quantize_linear_int4_inplace(layer)
     lines = [r.getMessage() for r in caplog.records if "takes the host path" in r.getMessage()]
     assert len(lines) == 1 and "inf or NaN" in lines[0]
-    assert len(device_path.calls) == 2, "the self-check, then the host path for this layer"
+    assert len(device_path.calls) == SELF_CHECK_CALLS + 1, "the self-check, then this layer"
 
 
 def test_an_unknown_layout_keeps_the_host_path_and_says_so(monkeypatch, caplog):
@@ -232,7 +266,7 @@ def test_the_device_path_leaves_an_moe_layer_exactly_as_the_host_path(replay, de
     with caplog.at_level(logging.INFO):
         for which in ("w13", "w2"):
             replay._quantize_moe_int4_side_inplace(device_layer, which)
-    assert len(device_path.calls) == 5, "the library ran for the self-check only"
+    assert len(device_path.calls) == 4 + SELF_CHECK_CALLS, "the self-check only"
     assert "MoE layers keep the host path" not in caplog.text
     got = moe_state(device_layer)
     assert got["cleared"] == expected["cleared"] == [None, None]
@@ -257,13 +291,13 @@ def test_a_non_finite_expert_leaves_the_side_to_the_host_path(replay, device_pat
     layer.w2_weight.data[1, 0, 0] = float("inf")
     before = layer.w2_weight.data.clone()
     replay._quantize_moe_int4_side_inplace(layer, "w13")  # a finite side: on the device
-    assert len(device_path.calls) == 1
+    assert len(device_path.calls) == SELF_CHECK_CALLS
     with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="inf or NaN"):
         replay._quantize_moe_int4_side_inplace(layer, "w2")
     lines = [r.getMessage() for r in caplog.records if "takes the host path" in r.getMessage()]
     assert len(lines) == 1 and "inf or NaN" in lines[0]
     assert torch.equal(layer.w2_weight.data, before), "the refused side was left untouched"
-    assert len(device_path.calls) == 3, "the host path ran expert 0, then refused expert 1"
+    assert len(device_path.calls) == SELF_CHECK_CALLS + 2, "the host path ran expert 0, refused 1"
 
 
 def test_an_moe_side_function_of_another_shape_is_left_to_the_module():
@@ -312,4 +346,4 @@ def test_the_seam_of_the_014_replay_is_filled_unless_the_user_opted_out(opt_out)
     if opt_out:
         assert used == [False, False] and "VLLM_INT4_DISABLE_XPU_QUANT is set" in lines[0]
     else:
-        assert used == [True, True] and "matched the library bit for bit" in lines[0]
+        assert used == [True, True] and "bit for bit on 4,096 words" in lines[0]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from vllm_xpu_memfix import __version__, config, fixes, overrides
+from vllm_xpu_memfix import __version__, config, fixes, int4_self_check, overrides
 from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.overrides import INHERITS
 
@@ -83,6 +83,7 @@ def main(args: argparse.Namespace) -> int:
         removal.append((fix.key, rule.change, upstream))
     print(_table(removal))
     print(f"\nsym_int4: {readable(partial(sym_int4_layout, root))}")
+    print(f"device_quant self-check: {int4_self_check.describe(settings.lock_dir)}")
     print(f"\n{platform_workers(workers)}")
     for path, reason in unreadable.items():
         print(f"unreadable: {path}: {reason}")

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix import config, driver
+from vllm_xpu_memfix import config, driver, int4_self_check
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.memory import hub_cache
@@ -101,6 +101,8 @@ def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[i
 
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
+SELF_CHECK = "device_quant self-check"
+LONG_LINES = ("sym_int4", SELF_CHECK)  # rendered on lines of their own
 _EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.\d+\.(?P<proj>\w+)\.weight$")
 _SIDE = {
     "gate_proj": "w13",
@@ -558,6 +560,7 @@ def _plugin_section(settings: Settings) -> dict[str, str]:
     plugin["enabled"] = str(settings.enabled)
     root = compat.installed_vllm_root()
     plugin["sym_int4"] = sym_int4_layout(root) if root is not None else "vLLM not installed"
+    plugin[SELF_CHECK] = int4_self_check.describe(settings.lock_dir)
     return plugin
 
 
@@ -603,8 +606,8 @@ def render(report: Report, args: ServeArgs) -> str:
         *(f"  {k}={v}" for k, v in report.environment.items()),
         *([] if report.environment else ["  (none of the relevant variables is set)"]),
         "Plugin switches",
-        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items() if k != "sym_int4"),
-        f"  sym_int4: {report.plugin['sym_int4']}",
+        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items() if k not in LONG_LINES),
+        *(f"  {key}: {report.plugin[key]}" for key in LONG_LINES if key in report.plugin),
     ]
     if report.model:
         model = report.model

@@ -11,10 +11,12 @@ Problem
 Mechanism
     Recognise the installed module's layout from its structure
     (``int4_layouts``): the seam layout, the host-round-trip layout (0.21), or
-    unknown. Then, only after a self-check in the process (one random tensor
-    quantized by the module's own ``ggml_quantize_tensor`` and by this plugin's
-    Triton Q4_0 kernel must give identical words and scale bits; otherwise the
-    host path stays and one line says why):
+    unknown. Then, only after a self-check in the process (``int4_self_check``: a
+    random tensor and a near-tie probe, quantized by the module's own
+    ``ggml_quantize_tensor``, so by the library the installed build loads, and by
+    this plugin's Triton Q4_0 kernel, must give identical words and scale bits;
+    otherwise the host path stays and one line gives the count; the outcome is
+    recorded for ``check``):
 
     * seam layout, ESIMD package absent: fill the seam with the kernel;
     * host-round-trip layout: quantize each Linear layer and each MoE side on
@@ -51,9 +53,10 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix import config, int4_device
+from vllm_xpu_memfix import config, int4_device, int4_self_check
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
@@ -65,7 +68,6 @@ MODULE = "vllm.model_executor.layers.quantization.sym_int4"
 REMOVE_WHEN = RemoveWhen(
     "sym_int4 quantizes on the device with a portable kernel of its own", MODULE, ("triton",)
 )
-CHECK_SHAPE = (64, 512)  # four groups of 128 per row
 # The 0.14-based module's own switch for its device path (llm-scaler, vllm-0.14.0-b8.3.2).
 USER_OPT_OUT = "VLLM_INT4_DISABLE_XPU_QUANT"
 
@@ -80,41 +82,9 @@ def check_device() -> Any:
     return torch.device(found[0], found[1].current_device()) if found else None
 
 
-def self_check(module: Any, device: Any) -> str | None:
-    """Quantize one random tensor with the module's library and with the kernel;
-    returns why they cannot be trusted to agree, or None when they are identical."""
-    import torch
-
-    from vllm_xpu_memfix.kernels import quantize_q4_0
-
-    group = int(getattr(module, "QK4_GROUP_SIZE", 128))
-    n, k = CHECK_SHAPE
-    generator = torch.Generator().manual_seed(20261202)
-    weight = (torch.randn(n, k, generator=generator) * 0.02).to(torch.bfloat16)
-    qweight = torch.zeros((n, k // 8), dtype=torch.int32)
-    scales = torch.zeros((n, k // group), dtype=torch.float16)
-    try:
-        lib_q, lib_s = module.ggml_quantize_tensor(
-            weight.float().contiguous(), qweight, scales, n, k, block_size=group, transpose=False
-        )
-    except Exception as exc:  # the C library is loaded lazily and may be missing
-        return f"the module's Q4_0 library failed: {type(exc).__name__}: {exc}"
-    try:
-        dev_q, dev_s = quantize_q4_0(weight.to(device), group)
-    except Exception as exc:
-        return f"the device kernel failed: {type(exc).__name__}: {exc}"
-    dev_q, dev_s = dev_q.cpu(), dev_s.cpu()
-    if not torch.equal(lib_q, dev_q):
-        differ = int((lib_q != dev_q).sum())
-        return f"the kernel's packed words differ from the library's ({differ} of {lib_q.numel()})"
-    if not torch.equal(lib_s.view(torch.int16), dev_s.view(torch.int16)):
-        return "the kernel's fp16 scales differ from the library's"
-    return None
-
-
-def _decide_and_log() -> tuple[bool, str]:
+def _decide_and_log(record_dir: Path) -> tuple[bool, str]:
     """Whether to quantize on the device in this process, and why; logged once."""
-    use, why = _decide()
+    use, why = _decide(record_dir)
     if use:
         logger.info("vllm-xpu-memfix: sym_int4 quantizes on the device (Triton Q4_0): %s", why)
     else:
@@ -122,7 +92,7 @@ def _decide_and_log() -> tuple[bool, str]:
     return use, why
 
 
-def _decide() -> tuple[bool, str]:
+def _decide(record_dir: Path) -> tuple[bool, str]:
     module = sys.modules.get(MODULE)
     if module is None:
         return False, f"{MODULE} is not loaded"
@@ -137,16 +107,22 @@ def _decide() -> tuple[bool, str]:
         return False, "no XPU or CUDA device in this process"
     if device.type != "cpu" and (reason := triton_unavailable()) is not None:
         return False, reason
-    problem = self_check(module, device)
-    if problem is not None:
-        return False, problem
-    return True, f"self-check on {device} matched the library bit for bit"
+    comparisons, problem = int4_self_check.run(module, device)
+    use = problem is None
+    why = f"self-check on {device} {int4_self_check.matched(comparisons, module)}"
+    try:
+        record = int4_self_check.record(comparisons, device, module, use, problem or why)
+        int4_self_check.write_record(record_dir, record)
+    except OSError as exc:  # the record serves check; the decision stands without it
+        logger.debug("vllm-xpu-memfix: self-check record not written: %s", exc)
+    return use, problem or why
 
 
-def patches(_settings: Settings) -> tuple[Patch, ...]:
+def patches(settings: Settings) -> tuple[Patch, ...]:
     from vllm_xpu_memfix import int4_layouts
 
-    use_device = functools.cache(_decide_and_log)  # one decision per installed patch set
+    # One decision per installed patch set.
+    use_device = functools.cache(functools.partial(_decide_and_log, settings.lock_dir))
 
     @functools.cache
     def layout() -> int4_layouts.Recognised:

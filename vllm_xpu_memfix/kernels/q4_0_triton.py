@@ -1,8 +1,9 @@
-"""Symmetric int4 (GGML Q4_0) on the device: Triton kernels bit-identical to the reference.
+"""Symmetric int4 (GGML Q4_0) on the device: Triton kernels following the reference's rule.
 
-One program quantizes a tile of ``BLOCK_N`` rows x one group. Launched with
-``enable_fp_fusion=False``: the reference rounds ``x * id`` to fp32 before adding
-8.5, and a fused multiply-add would round once and differ on ties. A group holding
+One program quantizes a tile of ``BLOCK_N`` rows x one group. ``x * id + 8.5`` is one
+explicit ``tl.fma``, rounded once as Intel's compiled library does (see
+``q4_0_reference``); the launch keeps ``enable_fp_fusion=False`` so that no other
+operation is contracted behind our back. A group holding
 an inf or a NaN gets a NaN scale (m sums x * 0 of the group), so the caller finds
 non-finite input in the small scales tensor alone (an infinite scale is legitimate:
 a finite fp32 maximum beyond 8 x 65504 overflows the fp16 scale, in GGML too).
@@ -43,7 +44,10 @@ def _q4_0_rows(x, ROWS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr):
     d = m * -0.125  # = m / -8 exactly: both are the correctly rounded m/8
     one = tl.full((ROWS,), 1.0, tl.float32)
     inverse = tl.where(d != 0, tl.math.div_rn(one, d), 0.0)  # IEEE, as the reference
-    q = x * inverse[:, None] + 8.5
+    q = tl.fma(x, inverse[:, None], 8.5)
+    # inf/NaN (1/d overflowed in a group of tiny values) becomes 0, as x86's
+    # conversion and the library's int8 cast make it.
+    q = tl.where(tl.abs(q) < float("inf"), q, 0.0)
     q = tl.minimum(q.to(tl.int32), 15)  # float -> int truncates toward zero
     shifts = (tl.arange(0, 8) * 4)[None, None, :]
     packed = tl.sum(tl.reshape(q, (ROWS, WORDS, 8)) << shifts, axis=2)

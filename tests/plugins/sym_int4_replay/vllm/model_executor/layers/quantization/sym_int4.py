@@ -29,9 +29,14 @@ quantizes each layer as soon as all its elements arrived (streaming).
 
 Every layer is quantized through the host: an fp32 copy (K zero-padded in 0.21/0.26),
 then ``ggml_quantize_tensor``, whose "C library" here is vllm_xpu_memfix's Q4_0 torch
-reference. XPU-only calls are stood in by name: ``_xpu_q4_0_quantize`` (the ESIMD op)
-raises, ``transpose_onednn_woq_format`` (vllm-xpu-kernels) is a local function with the
-same effect on the layer, and ``apply`` dequantizes instead of calling the int4 GEMM.
+reference (held to Intel's real library by tests/data/q4_0_golden).
+``SYM_INT4_REPLAY_ROUNDING=product-first`` makes that stand-in round the other way
+(``x * id`` rounded before adding 8.5, as GGML's C reads without contraction), to
+show what device_quant does with a library it does not match; ``fused`` (default)
+rounds as Intel's build does. XPU-only calls are stood in by name:
+``_xpu_q4_0_quantize`` (the ESIMD op) raises, ``transpose_onednn_woq_format``
+(vllm-xpu-kernels) is a local function with the same effect on the layer, and
+``apply`` dequantizes instead of calling the int4 GEMM.
 """
 
 from __future__ import annotations
@@ -52,6 +57,13 @@ LAYOUTS = ("0.14", "0.21", "0.26")
 LAYOUT = os.environ.get("SYM_INT4_REPLAY_LAYOUT", "0.26")
 if LAYOUT not in LAYOUTS:
     raise ValueError(f"SYM_INT4_REPLAY_LAYOUT={LAYOUT!r}; accepted values: {', '.join(LAYOUTS)}")
+
+ROUNDINGS = ("fused", "product-first")
+ROUNDING = os.environ.get("SYM_INT4_REPLAY_ROUNDING", "fused")
+if ROUNDING not in ROUNDINGS:
+    raise ValueError(
+        f"SYM_INT4_REPLAY_ROUNDING={ROUNDING!r}; accepted values: {', '.join(ROUNDINGS)}"
+    )
 
 QK4_PACK_FACTOR = 8
 QK4_GROUP_SIZE = 128 if LAYOUT == "0.14" else int(os.environ.get("VLLM_INT4_GROUP_SIZE", "128"))
@@ -77,7 +89,12 @@ def ggml_quantize_tensor(
     """The C library's entry point: fp32 [N, K] into int32 [N, K/8] and fp16 [N, K/block]."""
     assert weight.dtype == torch.float32 and tuple(weight.shape) == (out_features, in_features)
     assert in_features % block_size == 0, "the library writes ceil(K/block) groups"
-    qweight, scale = q4_0_reference.quantize(weight, block_size)
+    if ROUNDING == "fused":
+        qweight, scale = q4_0_reference.quantize(weight, block_size)
+    else:
+        x, d = q4_0_reference.groups(weight, block_size)
+        qweight = q4_0_reference.pack(x * q4_0_reference.inverse_of(d) + 8.5)
+        scale = d.squeeze(-1).to(torch.float16)
     out_qweight.copy_(qweight)
     out_scale.copy_(scale)
     if transpose:
