@@ -199,6 +199,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=64)
     parser.add_argument("--moe-layers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="passes per arm; medians reported")
+    parser.add_argument(
+        "--reuse", action="store_true", help="take arms already in --out instead of running them"
+    )
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # "<load> <path>", in a child
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -214,8 +217,10 @@ def main() -> None:
             command = [sys.executable, __file__, "--out", str(args.out), "--arm", f"{load} {path}"]
             command += ["--layers", str(args.layers), "--moe-layers", str(args.moe_layers)]
             command += ["--rounds", str(args.rounds)]
-            subprocess.run(command, env=env, check=True)
-            results.append(json.loads((args.out / f"arm-{load}-{path}.json").read_text()))
+            arm = args.out / f"arm-{load}-{path}.json"
+            if not (args.reuse and arm.exists()):
+                subprocess.run(command, env=env, check=True)
+            results.append(json.loads(arm.read_text()))
             print(f"{load} {path}: {results[-1]['seconds']:.2f} s", flush=True)
         host, device = results[-2], results[-1]
         differ = compare(host, device)
