@@ -102,15 +102,23 @@ INLINE_SOURCE = textwrap.dedent(
     ],
 )
 def test_the_inline_layout_is_told_by_its_esimd_gate_and_its_moe_words(
-    gate, words, layout_key, moe_why
+    tmp_path, gate, words, layout_key, moe_why
 ):
+    from vllm_xpu_memfix.cli.check import sym_int4_layout
+
     source = INLINE_SOURCE.replace("GATE", gate).replace("WORDS", words)
     found = int4_layouts.recognise(int4_layouts.shape_of_source(source))
+    # check reads the installed module's source the same way and prints the summary.
+    path = tmp_path.joinpath(*MODULE.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    assert sym_int4_layout(tmp_path) == found.summary
     if layout_key is None:
         assert found.layout is None
         assert "not inline-registration: _quantize_linear_int4_inplace uses disable_esimd_int4" in (
             found.why
         )
+        assert found.summary.endswith("device_quant keeps the host path")
         return
     assert found.layout is int4_layouts.INLINE_REGISTRATION
     assert found.layout.moe_side_mismatch(found.shape) == moe_why
