@@ -1,7 +1,7 @@
 """device_quant on the layouts of Intel's sym_int4 that the replay reproduces
 (tests/plugins/sym_int4_replay): recognition from structure, the unknown-layout fallback,
-and, on the host-round-trip (0.21) layout, a device path that leaves every layer exactly as
-the module's host path does.
+and, on the two 0.21 layouts (host round trip, b2; inline registration, b1), a device path
+that leaves every layer exactly as the module's host path does.
 
 The "device" is the CPU here (``check_device`` is pointed at it, where the plugin's kernel
 API runs the Q4_0 torch reference); the Triton kernel itself is checked bit for bit against
@@ -12,6 +12,8 @@ vllm-xpu-kernels' ``transpose_onednn_woq_format``, is the replay's stand-in of t
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -33,20 +35,94 @@ SELF_CHECK_CALLS = 2  # int4_self_check.probes: a random tensor and the near-tie
 
 
 @pytest.fixture
-def replay():
+def replay(request, monkeypatch):
     """The replay as imported here: SYM_INT4_REPLAY_LAYOUT unset gives 0.26, whose
-    functions are the 0.21 module's (the host-round-trip layout)."""
-    import importlib
-
+    functions are the 0.21 module's (the host-round-trip layout). Parametrised with a
+    layout, a second copy of the replay's file executed with that layout stands in for
+    the module in ``sys.modules`` for the test."""
     module = importlib.import_module(MODULE)
     assert module.LAYOUT in ("0.21", "0.26"), "the tests below need the 0.21 functions"
-    return module
+    layout = getattr(request, "param", None)
+    if layout is None:
+        return module
+    monkeypatch.setenv("SYM_INT4_REPLAY_LAYOUT", layout)
+    spec = importlib.util.spec_from_file_location(MODULE, module.__file__)
+    assert spec is not None and spec.loader is not None
+    variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variant)
+    monkeypatch.setitem(sys.modules, MODULE, variant)
+    return variant
+
+
+# Each 0.21 layout the device path takes over: None is the replay as imported (b2).
+LAYOUTS_21 = pytest.mark.parametrize("replay", [None, "0.21-b1"], indirect=True)
 
 
 def test_the_host_round_trip_layout_is_recognised_from_the_module(replay):
     found = int4_layouts.recognise(int4_layouts.shape_of_module(replay))
     assert found.layout is int4_layouts.HOST_ROUND_TRIP
     assert "_register_linear_int4_layouts" in found.summary
+
+
+@pytest.mark.parametrize("replay", ["0.21-b1"], indirect=True)
+def test_the_inline_registration_layout_is_recognised_from_the_module(replay):
+    found = int4_layouts.recognise(int4_layouts.shape_of_module(replay))
+    assert found.layout is int4_layouts.INLINE_REGISTRATION
+    assert "registered inline" in found.summary and "<side>_qweight as int32" in found.summary
+    assert found.layout.moe_side_mismatch(found.shape) is None
+
+
+INLINE_SOURCE = textwrap.dedent(
+    """
+    def ggml_quantize_tensor(weight, out_qweight, out_scale, out_features, in_features):
+        pass
+    def _quantize_linear_int4_inplace(layer):
+        ggml_quantize_tensor(layer.weight, None, None, 1, 1)
+        layer._int4_in_features_padded = 1
+        if not GATE():
+            layer.weight_esimd, layer.scale_esimd = None, None
+        layer.qweight, layer.scales, layer.qzeros = None, None, None
+        transpose_onednn_woq_format(layer, "gptq", True)
+    def _quantize_moe_int4_side_inplace(layer, which):
+        ggml_quantize_tensor(torch.nn.functional.pad(layer), None, None, 1, 1).view(WORDS)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("gate", "words", "layout_key", "moe_why"),
+    [
+        ("False", "torch.int32", "inline-registration", None),
+        (
+            "False",
+            "torch.uint8",
+            "inline-registration",
+            "_quantize_moe_int4_side_inplace uses uint8",
+        ),
+        ("disable_esimd_int4", "torch.int32", None, None),
+    ],
+)
+def test_the_inline_layout_is_told_by_its_esimd_gate_and_its_moe_words(
+    tmp_path, gate, words, layout_key, moe_why
+):
+    from vllm_xpu_memfix.cli.check import sym_int4_layout
+
+    source = INLINE_SOURCE.replace("GATE", gate).replace("WORDS", words)
+    found = int4_layouts.recognise(int4_layouts.shape_of_source(source))
+    # check reads the installed module's source the same way and prints the summary.
+    path = tmp_path.joinpath(*MODULE.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    assert sym_int4_layout(tmp_path) == found.summary
+    if layout_key is None:
+        assert found.layout is None
+        assert "not inline-registration: _quantize_linear_int4_inplace uses disable_esimd_int4" in (
+            found.why
+        )
+        assert found.summary.endswith("device_quant keeps the host path")
+        return
+    assert found.layout is int4_layouts.INLINE_REGISTRATION
+    assert found.layout.moe_side_mismatch(found.shape) == moe_why
 
 
 def test_the_seam_layout_is_recognised_in_the_014_replay():
@@ -110,10 +186,21 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def parameters(layer: torch.nn.Module) -> dict:
-    """Every parameter the step left: dtype, shape, strides, bytes."""
+    """Every parameter the step left: dtype, shape, strides, bytes, and the first parameter
+    (by name) whose storage it shares, so a copy and an alias differ."""
+    named = sorted(layer.named_parameters())
+    first = {}
+    for name, t in named:
+        first.setdefault(t.untyped_storage().data_ptr(), name)
     return {
-        name: (t.dtype, tuple(t.shape), t.stride(), as_bytes(t))
-        for name, t in layer.named_parameters()
+        name: (
+            t.dtype,
+            tuple(t.shape),
+            t.stride(),
+            first[t.untyped_storage().data_ptr()],
+            as_bytes(t),
+        )
+        for name, t in named
     }
 
 
@@ -150,6 +237,7 @@ def device_path(monkeypatch, replay, tmp_path):
     patcher.revert_all()
 
 
+@LAYOUTS_21
 @pytest.mark.parametrize("k", [256, 200])  # a whole number of groups, and one padded
 def test_the_device_path_leaves_the_layer_exactly_as_the_host_path(replay, device_path, caplog, k):
     host_layer, device_layer = layer_like(k=k), layer_like(k=k)
@@ -165,9 +253,53 @@ def test_the_device_path_leaves_the_layer_exactly_as_the_host_path(replay, devic
     got = state(device_layer)
     assert got["plain"] == expected["plain"]
     assert got["tensors"].keys() == expected["tensors"].keys()
-    for name, (dtype, shape, stride, data) in expected["tensors"].items():
-        assert got["tensors"][name][:3] == (dtype, shape, stride), name
-        assert torch.equal(got["tensors"][name][3], data), name
+    for name, (*layout, data) in expected["tensors"].items():
+        assert got["tensors"][name][:4] == tuple(layout), name
+        assert torch.equal(got["tensors"][name][4], data), name
+
+
+def streamed(module, weight: torch.Tensor) -> torch.nn.Module:
+    """A layer made by the module's Linear method on the streaming load
+    (``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT`` unset: BF16 on meta) and loaded in two row
+    shards; the module's loader quantizes it when the last element arrives."""
+
+    def copy_rows(param, loaded, rows):
+        param.data[rows].copy_(loaded)
+
+    layer = torch.nn.Module()
+    n, k = weight.shape
+    module.SymInt4LinearMethod().create_weights(
+        layer, k, [n], k, n, torch.bfloat16, weight_loader=copy_rows
+    )
+    meta = layer.weight  # vLLM's load_weights looks the parameter up once, before loading
+    assert meta.is_meta
+    for rows in (slice(0, n // 2), slice(n // 2, n)):
+        meta.weight_loader(meta, weight[rows], rows)
+    return layer
+
+
+@pytest.mark.parametrize("replay", ["0.21-b1"], indirect=True)
+def test_the_streaming_load_reaches_the_device_path(replay, device_path, monkeypatch):
+    """The streaming loader calls the module's layer function by its global name, which
+    is the one device_quant wraps: the layer ends as the host path leaves it."""
+    from vllm.model_executor import parameter as vllm_parameter
+
+    monkeypatch.delenv("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT", raising=False)
+    # vLLM's weight parameters record their tensor-parallel place; one rank of one here.
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1)
+    weight = layer_like(k=200).weight.data
+    expected = state(streamed(replay, weight))
+    assert len(device_path.calls) == 1
+
+    device_path.install()
+    got = state(streamed(replay, weight))
+    assert len(device_path.calls) == 1 + SELF_CHECK_CALLS, "the self-check only"
+    assert got["plain"] == expected["plain"]
+    assert got["tensors"].keys() == expected["tensors"].keys()
+    for name, (*layout, data) in expected["tensors"].items():
+        assert got["tensors"][name][:4] == tuple(layout), name
+        assert torch.equal(got["tensors"][name][4], data), name
 
 
 @pytest.mark.parametrize("rounding", ["fused", "product-first"])
@@ -254,6 +386,7 @@ def moe_state(layer: torch.nn.Module) -> dict:
     return {"tensors": parameters(layer), "cleared": [layer.w13_weight, layer.w2_weight]}
 
 
+@LAYOUTS_21
 def test_the_device_path_leaves_an_moe_layer_exactly_as_the_host_path(replay, device_path, caplog):
     host_layer, device_layer = moe_like(), moe_like()
     for which in ("w13", "w2"):
@@ -280,9 +413,9 @@ def test_the_device_path_leaves_an_moe_layer_exactly_as_the_host_path(replay, de
             "w2_qscales",
         }
     )
-    for name, (dtype, shape, stride, data) in expected["tensors"].items():
-        assert got["tensors"][name][:3] == (dtype, shape, stride), name
-        assert torch.equal(got["tensors"][name][3], data), name
+    for name, (*layout, data) in expected["tensors"].items():
+        assert got["tensors"][name][:4] == tuple(layout), name
+        assert torch.equal(got["tensors"][name][4], data), name
 
 
 def test_a_non_finite_expert_leaves_the_side_to_the_host_path(replay, device_path, caplog):

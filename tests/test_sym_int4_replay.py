@@ -48,7 +48,10 @@ PROBE = textwrap.dedent(
     reference = x.float() @ q4_0_reference.dequantize(*expected, m.QK4_GROUP_SIZE)[:, :k].t()
     # bf16 output: within 1 % of the largest logit of the fp32 product
     close = bool((out.float() - reference).abs().max() <= 0.01 * reference.abs().max())
+    storage = {name: t.untyped_storage().data_ptr() for name, t in layer.named_parameters()}
+    aliased = "qweight" in storage and storage["qweight"] == storage.get("weight_esimd")
     print(json.dumps({"names": names, "state": state, "same": same, "close": close,
+                      "qweight_aliases_weight_esimd": aliased,
                       "weight_is_none": layer.weight is None if m.LAYOUT != "0.14" else None,
                       "flag": getattr(layer, "_already_called_process_weights_after_loading", 0),
                       "uses_meta_device": m.SymInt4LinearMethod.uses_meta_device}))
@@ -107,7 +110,25 @@ def test_the_021_layout_pads_k_and_leaves_qweight_scales_and_a_symmetric_zero(la
     assert state["weight_esimd"] == ["torch.uint8", [64, 128], True]
     assert "weight" not in state and found["weight_is_none"]
     assert found["same"] and found["close"] and found["flag"]
+    assert found["qweight_aliases_weight_esimd"] is True, "b2 keeps one copy of the words"
     assert found["uses_meta_device"] is (layout == "0.26")
+
+
+def test_the_021_b1_layout_registers_inline_with_a_qweight_of_its_own():
+    # DISABLE_ESIMD_INT4 set: b1 has no gate, so the ESIMD views stay all the same.
+    found = probe("0.21-b1", DISABLE_ESIMD_INT4="1")
+    assert found["names"] == sorted(
+        ["transpose_onednn_woq_format", "ggml_quantize_tensor", "_quantize_linear_int4_inplace"]
+    )
+    state = found["state"]
+    assert state["qweight"] == ["torch.int32", [32, 64], False]  # K-contiguous [Kp/8, N]
+    assert state["scales"] == ["torch.float16", [2, 64], True]
+    assert state["qzeros"] == ["torch.int8", [1], True]
+    assert state["weight_esimd"] == ["torch.uint8", [64, 128], True]
+    assert state["scale_esimd"] == ["torch.float16", [64, 2], True]
+    assert found["qweight_aliases_weight_esimd"] is False, "a copy, as b1 made it"
+    assert "weight" not in state and found["weight_is_none"]
+    assert found["same"] and found["close"] and found["flag"]
 
 
 def test_disable_esimd_int4_drops_the_esimd_views():
@@ -124,4 +145,6 @@ def test_an_unknown_layout_is_refused_with_the_accepted_values():
         timeout=300,
     )
     assert result.returncode != 0
-    assert "SYM_INT4_REPLAY_LAYOUT='0.99'; accepted values: 0.14, 0.21, 0.26" in result.stderr
+    assert (
+        "SYM_INT4_REPLAY_LAYOUT='0.99'; accepted values: 0.14, 0.21, 0.21-b1, 0.26" in result.stderr
+    )

@@ -1,13 +1,14 @@
-"""The host-round-trip (0.21) ``sym_int4`` layout's per-layer steps, with the Q4_0 words
-made on the device by :mod:`vllm_xpu_memfix.kernels`.
+"""The 0.21 ``sym_int4`` layouts' per-layer steps, with the Q4_0 words made on the device
+by :mod:`vllm_xpu_memfix.kernels`.
 
 Each function leaves a layer in exactly the state the module's own step leaves it
-(llm-scaler ``vllm/patches/vllm_for_multi_arc.patch``, tag ``vllm-0.21.0-b2``:
-``_quantize_linear_int4_inplace`` and ``_quantize_moe_int4_side_inplace``), handing the
-words to the module's helpers where it has them, and never touches the host: no
-``.cpu()``, no fp32 copy, no C library. Both raise ``ValueError`` (inf or NaN in a
-weight, from the kernel) before they change the layer, so the caller can fall back to the
-module's host path.
+(llm-scaler ``vllm/patches/vllm_for_multi_arc.patch``: ``_quantize_linear_int4_inplace``
+and ``_quantize_moe_int4_side_inplace`` at tag ``vllm-0.21.0-b2``, the host-round-trip
+layout, and at tag ``vllm-0.21.0-b1``, the inline-registration layout), handing the words
+to the module's helpers where it has them, and never touches the host: no ``.cpu()``, no
+fp32 copy, no C library. Both raise ``ValueError`` (inf or NaN in a weight, from the
+kernel) before they change the layer, so the caller can fall back to the module's host
+path.
 """
 
 from __future__ import annotations
@@ -27,14 +28,30 @@ def _transpose_onednn_woq_format(module: Any) -> Any:
     return transpose_onednn_woq_format
 
 
-def quantize_linear(module: Any, layer: Any, *, device: Any) -> None:
+def register_inline_layouts(layer: Any, qweight: Any, scale: Any) -> None:
+    """What the b1 module's ``_quantize_linear_int4_inplace`` registers itself (it has no
+    ``_register_linear_int4_layouts``): always the ESIMD views (``weight_esimd``, a uint8
+    view of the words; ``scale_esimd``, the scales), and ``qweight``/``scales`` as
+    contiguous copies of the transposes, so ``qweight`` does not share the words' storage."""
+    import torch
+
+    layer.weight_esimd = torch.nn.Parameter(qweight.view(torch.uint8), requires_grad=False)
+    layer.scale_esimd = torch.nn.Parameter(scale, requires_grad=False)
+    layer.qweight = torch.nn.Parameter(qweight.t().contiguous(), requires_grad=False)
+    layer.scales = torch.nn.Parameter(scale.t().contiguous(), requires_grad=False)
+
+
+def quantize_linear(module: Any, layer: Any, *, device: Any, register: Any = None) -> None:
     """``_quantize_linear_int4_inplace(layer)``: K zero-padded to the group, the original
-    and padded widths recorded, ``_register_linear_int4_layouts``, a ``qzeros``
-    placeholder, no ``weight``, ``transpose_onednn_woq_format(layer, "gptq", True)``, and
-    the processed flag. A legacy-load layer's BF16 is moved to ``device`` first."""
+    and padded widths recorded, the layouts registered (``register``, by default the
+    module's ``_register_linear_int4_layouts``), a ``qzeros`` placeholder, no ``weight``,
+    ``transpose_onednn_woq_format(layer, "gptq", True)``, and the processed flag. A
+    legacy-load layer's BF16 is moved to ``device`` first."""
     import torch
 
     from vllm_xpu_memfix.kernels import quantize_q4_0
+
+    register = register or module._register_linear_int4_layouts
 
     group = int(module.QK4_GROUP_SIZE)
     weight = layer.weight.data.to(device)
@@ -43,7 +60,7 @@ def quantize_linear(module: Any, layer: Any, *, device: Any) -> None:
     padded = scale.shape[1] * group
     del weight
     layer._int4_in_features_orig, layer._int4_in_features_padded = k, padded
-    module._register_linear_int4_layouts(layer, qweight, scale)
+    register(layer, qweight, scale)
     zeros = torch.zeros((padded // group, n // 8), dtype=torch.int32, device=device)
     layer.qzeros = torch.nn.Parameter(zeros, requires_grad=False)
     layer.weight = None
@@ -67,13 +84,16 @@ def _padded_expert(source: Any, expert: int, which: str, group: int) -> Any:
     )
 
 
-def quantize_moe_side(module: Any, layer: Any, which: str, *, device: Any) -> None:
+def quantize_moe_side(
+    module: Any, layer: Any, which: str, *, device: Any, as_bytes: bool = True
+) -> None:
     """``_quantize_moe_int4_side_inplace(layer, which)``: the local experts
     (``layer.local_num_experts``, else all) quantized one at a time into zeroed
     ``[E, out, in/8]`` int32 words and ``[E, out, in/G]`` fp16 scales on ``device``,
-    then ``<which>_weight`` cleared and the words stored as a uint8 view under
-    ``<which>_qweight`` with ``<which>_qscales``. A legacy-load side is moved to the
-    device one expert at a time."""
+    then ``<which>_weight`` cleared and the words stored under ``<which>_qweight`` (a
+    uint8 view as b2 stores them, or the int32 words as b1 does: ``as_bytes=False``)
+    with ``<which>_qscales``. A legacy-load side is moved to the device one expert at a
+    time."""
     import torch
 
     from vllm_xpu_memfix.kernels import quantize_q4_0
@@ -98,9 +118,6 @@ def quantize_moe_side(module: Any, layer: Any, which: str, *, device: Any) -> No
         qweight[expert], scales[expert] = quantize_q4_0(weight.to(device), group)
     del first, source
     setattr(layer, f"{which}_weight", None)
-    setattr(
-        layer,
-        f"{which}_qweight",
-        torch.nn.Parameter(qweight.view(torch.uint8), requires_grad=False),
-    )
+    words = qweight.view(torch.uint8) if as_bytes else qweight
+    setattr(layer, f"{which}_qweight", torch.nn.Parameter(words, requires_grad=False))
     setattr(layer, f"{which}_qscales", torch.nn.Parameter(scales, requires_grad=False))

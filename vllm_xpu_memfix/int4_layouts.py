@@ -32,9 +32,12 @@ class Layout:
     functions: Mapping[str, tuple[str, ...]]
     layer_calls: tuple[str, ...]
     absent: tuple[str, ...] = ()
+    # Names the per-layer function must not refer to.
+    layer_avoids: tuple[str, ...] = ()
     device_quant: str = ""
     # What the MoE side function must look like for device_quant to take it over too.
     moe_side_calls: tuple[str, ...] = ()
+    moe_side_avoids: tuple[str, ...] = ()
 
     def mismatch(self, shape: Shape) -> str | None:
         """Why ``shape`` is not this layout; None when it is."""
@@ -47,7 +50,10 @@ class Layout:
         calls = shape[LAYER_FUNCTION][1]
         missing = [name for name in self.layer_calls if name not in calls]
         if missing:
-            return f"{LAYER_FUNCTION} does not call {', '.join(missing)}"
+            return f"{LAYER_FUNCTION} does not use {', '.join(missing)}"
+        used = [name for name in self.layer_avoids if name in calls]
+        if used:
+            return f"{LAYER_FUNCTION} uses {', '.join(used)}"
         present = [name for name in self.absent if name in shape]
         return f"it defines {', '.join(present)}" if present else None
 
@@ -61,7 +67,10 @@ class Layout:
         if params[:2] != MOE_SIDE_PARAMS:
             return f"{MOE_SIDE_FUNCTION}({', '.join(params)}) instead of (layer, which)"
         missing = [name for name in self.moe_side_calls if name not in calls]
-        return f"{MOE_SIDE_FUNCTION} does not use {', '.join(missing)}" if missing else None
+        if missing:
+            return f"{MOE_SIDE_FUNCTION} does not use {', '.join(missing)}"
+        used = [name for name in self.moe_side_avoids if name in calls]
+        return f"{MOE_SIDE_FUNCTION} uses {', '.join(used)}" if used else None
 
 
 SEAM = Layout(
@@ -92,7 +101,39 @@ HOST_ROUND_TRIP = Layout(
     # The 0.21 side zero-pads the intermediate size and stores the words as a uint8 view.
     moe_side_calls=("ggml_quantize_tensor", "pad", "uint8"),
 )
-LAYOUTS = (SEAM, HOST_ROUND_TRIP)
+# llm-scaler tag vllm-0.21.0-b1, whose patch is byte-identical to the one on branch
+# codex/vllm-0.26-dev-image (docs/research/sym-int4-layouts.md, section 1.3).
+INLINE_REGISTRATION = Layout(
+    key="inline-registration",
+    title="0.21 (b1): every layer through host fp32 and the C library; K padded to the "
+    "group; layouts registered inline",
+    functions={
+        LAYER_FUNCTION: ("layer",),
+        "ggml_quantize_tensor": LIBRARY_PARAMS,
+    },
+    # The layer function itself registers the ESIMD views and the oneDNN tensors.
+    layer_calls=(
+        "ggml_quantize_tensor",
+        "_int4_in_features_padded",
+        "weight_esimd",
+        "scale_esimd",
+        "qweight",
+        "scales",
+        "qzeros",
+        "transpose_onednn_woq_format",
+    ),
+    absent=("_register_linear_int4_layouts", "_use_xpu_quant", "_xpu_q4_0_quantize"),
+    # b2 gated the ESIMD views on this; a module that gates them would keep other tensors.
+    layer_avoids=("disable_esimd_int4",),
+    device_quant="quantizes each Linear layer and MoE side on the device and registers the "
+    "result as the module does inline (weight_esimd, scale_esimd; qweight and scales as "
+    "copies of the transposes; <side>_qweight as int32, <side>_qscales); the host path "
+    "stays unused",
+    # The b1 side zero-pads the intermediate size and stores the int32 words as they are.
+    moe_side_calls=("ggml_quantize_tensor", "pad"),
+    moe_side_avoids=("uint8",),
+)
+LAYOUTS = (SEAM, HOST_ROUND_TRIP, INLINE_REGISTRATION)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Problem
     package fills in those images; the 0.21 module always takes the host path.
 Mechanism
     Recognise the installed module's layout from its structure
-    (``int4_layouts``): the seam layout, the host-round-trip layout (0.21), or
+    (``int4_layouts``): the seam layout, one of the two 0.21 layouts, or
     unknown. Then, only after a self-check in the process (``int4_self_check``: a
     random tensor and a near-tie probe, quantized by the module's own
     ``ggml_quantize_tensor``, so by the library the installed build loads, and by
@@ -25,6 +25,10 @@ Mechanism
       ``_register_linear_int4_layouts`` and the same wiring, or store the MoE
       side under the module's names, so the layer ends as the module would
       leave it (``int4_device``); no host copy, no fp32, no C library;
+    * inline-registration layout: the same steps, with the registration the
+      module does inline instead of a helper (ESIMD views always, ``qweight``
+      and ``scales`` as copies of the transposes) and the MoE words stored as
+      int32, as that module stores them;
     * unknown layout: the host path, with one line saying why.
 
     A weight with inf/NaN falls back to the host path for that layer. The
@@ -36,7 +40,7 @@ Targets
     ``vllm.model_executor.layers.quantization.sym_int4:_quantize_linear_int4_inplace``
     (every layout) and
     ``vllm.model_executor.layers.quantization.sym_int4:_quantize_moe_int4_side_inplace``
-    (the host-round-trip layout); module globals, Intel's images only. A target the installed
+    (the 0.21 layouts); module globals, Intel's images only. A target the installed
     layout lacks is skipped quietly.
 Switch
     ``VLLM_XPU_MEMFIX_DEVICE_QUANT`` (auto = on; the self-check always runs).
@@ -56,7 +60,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix import config, int4_device, int4_self_check
+from vllm_xpu_memfix import config, int4_device, int4_layouts, int4_self_check
 from vllm_xpu_memfix.config import Settings
 from vllm_xpu_memfix.log import get_logger
 from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
@@ -70,6 +74,16 @@ REMOVE_WHEN = RemoveWhen(
 )
 # The 0.14-based module's own switch for its device path (llm-scaler, vllm-0.14.0-b8.3.2).
 USER_OPT_OUT = "VLLM_INT4_DISABLE_XPU_QUANT"
+# Per layout key: the device steps for a Linear layer and for an MoE side.
+DEVICE_STEPS = {
+    int4_layouts.HOST_ROUND_TRIP.key: (int4_device.quantize_linear, int4_device.quantize_moe_side),
+    int4_layouts.INLINE_REGISTRATION.key: (
+        functools.partial(
+            int4_device.quantize_linear, register=int4_device.register_inline_layouts
+        ),
+        functools.partial(int4_device.quantize_moe_side, as_bytes=False),
+    ),
+}
 
 
 def check_device() -> Any:
@@ -119,8 +133,6 @@ def _decide(record_dir: Path) -> tuple[bool, str]:
 
 
 def patches(settings: Settings) -> tuple[Patch, ...]:
-    from vllm_xpu_memfix import int4_layouts
-
     # One decision per installed patch set.
     use_device = functools.cache(functools.partial(_decide_and_log, settings.lock_dir))
 
@@ -149,11 +161,18 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
 
     @functools.cache
     def moe_side_mismatch() -> str | None:
-        """Asked only once the host-round-trip layout is recognised."""
-        why = int4_layouts.HOST_ROUND_TRIP.moe_side_mismatch(layout().shape)
+        """Asked only once a layout with device steps is recognised."""
+        found = layout()
+        assert found.layout is not None
+        why = found.layout.moe_side_mismatch(found.shape)
         if why is not None:
             logger.info("vllm-xpu-memfix: sym_int4 MoE layers keep the host path: %s", why)
         return why
+
+    def steps() -> tuple[Any, Any] | None:
+        """The installed layout's device steps (Linear, MoE side), if it has any."""
+        found = layout().layout
+        return DEVICE_STEPS.get(found.key) if found is not None else None
 
     def on_device_or_host(step: Any, wrapped: Any, args: Any, kwargs: Any) -> Any:
         try:
@@ -164,15 +183,16 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
         return None
 
     def _layer_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-        if layout().layout is not int4_layouts.HOST_ROUND_TRIP or not plugin_kernel():
+        found = steps()
+        if found is None or not plugin_kernel():
             return wrapped(*args, **kwargs)
-        return on_device_or_host(int4_device.quantize_linear, wrapped, args, kwargs)
+        return on_device_or_host(found[0], wrapped, args, kwargs)
 
     def _moe_side_on_device(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
-        host_round_trip = layout().layout is int4_layouts.HOST_ROUND_TRIP
-        if not host_round_trip or not plugin_kernel() or moe_side_mismatch() is not None:
+        found = steps()
+        if found is None or not plugin_kernel() or moe_side_mismatch() is not None:
             return wrapped(*args, **kwargs)
-        return on_device_or_host(int4_device.quantize_moe_side, wrapped, args, kwargs)
+        return on_device_or_host(found[1], wrapped, args, kwargs)
 
     return (
         Patch(FIX.key, f"{MODULE}:_use_xpu_quant", _use_device, optional=True),

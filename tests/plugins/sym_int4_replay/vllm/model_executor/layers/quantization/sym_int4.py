@@ -3,7 +3,9 @@
 Written for this project from what Intel's published patches do (names, signatures,
 order of operations, the state each layer is left in), not copied from them. Sources
 read: ``vllm/patches/vllm_for_multi_arc.patch`` in github.com/intel/llm-scaler at tags
-``vllm-0.14.0-b8.3.2`` (the 0.14 layout) and ``vllm-0.21.0-b2`` (the 0.21 layout).
+``vllm-0.14.0-b8.3.2`` (the 0.14 layout), ``vllm-0.21.0-b2`` (the 0.21 layout) and
+``vllm-0.21.0-b1`` (the 0.21-b1 layout; the same patch file is on branch
+``codex/vllm-0.26-dev-image``).
 The 0.26 images' module is not public; the 0.26 layout here is the 0.21 module driven
 by vLLM's own layerwise processing, as llm-scaler #697's traceback shows
 (``base_loader.load_model`` -> ``finalize_layerwise_processing``).
@@ -17,11 +19,15 @@ by vLLM's own layerwise processing, as llm-scaler #697's traceback shows
 ``0.21``
     no seam; K zero-padded to a group multiple; ``_register_linear_int4_layouts`` and
     ``transpose_onednn_woq_format`` leave ``qweight``/``scales``/``qzeros``.
+``0.21-b1``
+    as 0.21, but without ``_register_linear_int4_layouts``: the layer function registers
+    the ESIMD views always and ``qweight``/``scales`` as copies of the transposes (so
+    ``qweight`` has storage of its own), and an MoE side keeps its words as int32.
 ``0.26`` (default)
     the 0.21 functions, with weights created on meta and quantized layer by layer by
     vLLM's layerwise processing (``uses_meta_device``).
 
-In the 0.14 and 0.21 layouts ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1`` (which Intel's
+In the 0.14 and 0.21(-b1) layouts ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1`` (which Intel's
 Dockerfiles set) selects the legacy load: every quantized layer's BF16 weight is
 allocated on the CPU, all weights are loaded, and only then ``process_weights_after_loading``
 quantizes layer by layer. Otherwise the weight starts on meta and a wrapping loader
@@ -53,7 +59,7 @@ from vllm.model_executor.parameter import ModelWeightParameter
 
 from vllm_xpu_memfix.kernels import q4_0_reference
 
-LAYOUTS = ("0.14", "0.21", "0.26")
+LAYOUTS = ("0.14", "0.21", "0.21-b1", "0.26")
 LAYOUT = os.environ.get("SYM_INT4_REPLAY_LAYOUT", "0.26")
 if LAYOUT not in LAYOUTS:
     raise ValueError(f"SYM_INT4_REPLAY_LAYOUT={LAYOUT!r}; accepted values: {', '.join(LAYOUTS)}")
@@ -158,15 +164,16 @@ if LAYOUT == "0.14":
         setattr(layer, f"{which}_scales", _frozen(scales.to(device)))
 
 else:
+    if LAYOUT != "0.21-b1":
 
-    def _register_linear_int4_layouts(
-        layer: torch.nn.Module, qweight: torch.Tensor, scale: torch.Tensor
-    ) -> None:
-        if os.environ.get("DISABLE_ESIMD_INT4", "0") != "1":
-            layer.weight_esimd = _frozen(qweight.view(torch.uint8))
-            layer.scale_esimd = _frozen(scale)
-        layer.qweight = _frozen(qweight.t())
-        layer.scales = _frozen(scale.t().contiguous())
+        def _register_linear_int4_layouts(
+            layer: torch.nn.Module, qweight: torch.Tensor, scale: torch.Tensor
+        ) -> None:
+            if os.environ.get("DISABLE_ESIMD_INT4", "0") != "1":
+                layer.weight_esimd = _frozen(qweight.view(torch.uint8))
+                layer.scale_esimd = _frozen(scale)
+            layer.qweight = _frozen(qweight.t())
+            layer.scales = _frozen(scale.t().contiguous())
 
     def transpose_onednn_woq_format(layer: torch.nn.Module, method: str, is_sym: bool) -> None:
         """Stand-in for vllm-xpu-kernels' function of this name: K-contiguous qweight,
@@ -190,7 +197,14 @@ else:
         scale = torch.zeros((n, padded // QK4_GROUP_SIZE), dtype=torch.float16)
         ggml_quantize_tensor(staging, qweight, scale, n, padded, QK4_GROUP_SIZE, transpose=False)
         del staging
-        _register_linear_int4_layouts(layer, qweight.to(device), scale.to(device))
+        qweight, scale = qweight.to(device), scale.to(device)
+        if LAYOUT == "0.21-b1":  # no helper: the layouts are registered here, all of them
+            layer.weight_esimd = _frozen(qweight.view(torch.uint8))
+            layer.scale_esimd = _frozen(scale)
+            layer.qweight = _frozen(qweight.t().contiguous())
+            layer.scales = _frozen(scale.t().contiguous())
+        else:
+            _register_linear_int4_layouts(layer, qweight, scale)
         zeros_shape = (padded // QK4_GROUP_SIZE, n // QK4_PACK_FACTOR)
         layer.qzeros = _frozen(torch.zeros(zeros_shape, dtype=torch.int32, device=device))
         layer.weight = None
@@ -201,33 +215,70 @@ else:
         full = q4_0_reference.dequantize(layer.qweight.t(), layer.scales.t(), QK4_GROUP_SIZE, dtype)
         return full[:, : layer._int4_in_features_orig]
 
-    def _quantize_moe_int4_side_inplace(layer: torch.nn.Module, which: str) -> None:
-        """One side (``w13`` or ``w2``) of the local experts (``local_num_experts``; the
-        other experts' words stay zero), one expert after another, with the intermediate
-        size zero-padded to a group multiple."""
-        source = getattr(layer, f"{which}_weight").data
-        device = source.device
-        group = QK4_GROUP_SIZE
-        if which == "w2":
-            source = torch.nn.functional.pad(source, (0, -source.shape[-1] % group))
-        else:
-            gate, up = source.chunk(2, dim=1)
-            pad = (0, 0, 0, -gate.shape[1] % group)
-            source = torch.cat([torch.nn.functional.pad(h, pad) for h in (gate, up)], dim=1)
-        host = source.cpu()
-        del source
-        experts, out, k = host.shape
-        qweight = torch.zeros((experts, out, k // QK4_PACK_FACTOR), dtype=torch.int32)
-        scales = torch.zeros((experts, out, k // group), dtype=torch.float16)
-        for e in range(getattr(layer, "local_num_experts", experts)):
-            ggml_quantize_tensor(
-                host[e].float(), qweight[e], scales[e], out, k, group, transpose=False
-            )
-        del host
-        setattr(layer, f"{which}_weight", None)
-        qbytes = qweight.to(device).view(torch.uint8)
-        setattr(layer, f"{which}_qweight", _frozen(qbytes))
-        setattr(layer, f"{which}_qscales", _frozen(scales.to(device)))
+    # Two functions, as in Intel's two modules: device_quant tells them apart by whether
+    # the side function refers to uint8 (llm-scaler tags vllm-0.21.0-b1 and -b2).
+    if LAYOUT == "0.21-b1":
+
+        def _quantize_moe_int4_side_inplace(layer: torch.nn.Module, which: str) -> None:
+            """One side (``w13`` or ``w2``) of the local experts (``local_num_experts``;
+            the other experts' words stay zero), one expert after another, with the
+            intermediate size zero-padded to a group multiple. The int32 words are stored
+            as they are (b1)."""
+            source = getattr(layer, f"{which}_weight").data
+            device = source.device
+            group = QK4_GROUP_SIZE
+            if which == "w2":
+                source = torch.nn.functional.pad(source, (0, -source.shape[-1] % group))
+            else:
+                gate, up = source.chunk(2, dim=1)
+                pad = (0, 0, 0, -gate.shape[1] % group)
+                halves = [torch.nn.functional.pad(h, pad) for h in (gate, up)]
+                source = torch.cat(halves, dim=1)
+            host = source.cpu()
+            del source
+            experts, out, k = host.shape
+            qweight = torch.zeros((experts, out, k // QK4_PACK_FACTOR), dtype=torch.int32)
+            scales = torch.zeros((experts, out, k // group), dtype=torch.float16)
+            for e in range(getattr(layer, "local_num_experts", experts)):
+                ggml_quantize_tensor(
+                    host[e].float(), qweight[e], scales[e], out, k, group, transpose=False
+                )
+            del host
+            setattr(layer, f"{which}_weight", None)
+            setattr(layer, f"{which}_qweight", _frozen(qweight.to(device)))
+            setattr(layer, f"{which}_qscales", _frozen(scales.to(device)))
+
+    else:
+
+        def _quantize_moe_int4_side_inplace(layer: torch.nn.Module, which: str) -> None:
+            """One side (``w13`` or ``w2``) of the local experts (``local_num_experts``;
+            the other experts' words stay zero), one expert after another, with the
+            intermediate size zero-padded to a group multiple. The words are stored as a
+            uint8 view (b2)."""
+            source = getattr(layer, f"{which}_weight").data
+            device = source.device
+            group = QK4_GROUP_SIZE
+            if which == "w2":
+                source = torch.nn.functional.pad(source, (0, -source.shape[-1] % group))
+            else:
+                gate, up = source.chunk(2, dim=1)
+                pad = (0, 0, 0, -gate.shape[1] % group)
+                halves = [torch.nn.functional.pad(h, pad) for h in (gate, up)]
+                source = torch.cat(halves, dim=1)
+            host = source.cpu()
+            del source
+            experts, out, k = host.shape
+            qweight = torch.zeros((experts, out, k // QK4_PACK_FACTOR), dtype=torch.int32)
+            scales = torch.zeros((experts, out, k // group), dtype=torch.float16)
+            for e in range(getattr(layer, "local_num_experts", experts)):
+                ggml_quantize_tensor(
+                    host[e].float(), qweight[e], scales[e], out, k, group, transpose=False
+                )
+            del host
+            setattr(layer, f"{which}_weight", None)
+            qbytes = qweight.to(device).view(torch.uint8)
+            setattr(layer, f"{which}_qweight", _frozen(qbytes))
+            setattr(layer, f"{which}_qscales", _frozen(scales.to(device)))
 
 
 class _CopiedElements(TorchDispatchMode):
