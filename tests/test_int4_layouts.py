@@ -446,10 +446,10 @@ def test_an_moe_side_function_of_another_shape_is_left_to_the_module():
 
 
 @pytest.mark.parametrize("opt_out", [None, "1"])
-def test_the_seam_of_the_014_replay_is_filled_unless_the_user_opted_out(opt_out):
+def test_the_seam_of_the_014_replay_is_filled_unless_the_user_opted_out(opt_out, tmp_path):
     code = textwrap.dedent(
         """
-        import importlib, json, logging, torch
+        import importlib, json, logging, os, torch
         from vllm_xpu_memfix import config
         from vllm_xpu_memfix.fixes import device_quant
         from vllm_xpu_memfix.patching import Patcher
@@ -460,13 +460,14 @@ def test_the_seam_of_the_014_replay_is_filled_unless_the_user_opted_out(opt_out)
         handler.emit = lambda record: lines.append(record.getMessage())
         logging.getLogger("vllm_xpu_memfix").addHandler(handler)
         logging.getLogger("vllm_xpu_memfix").setLevel(logging.INFO)
-        device_quant.install(Patcher(), config.load({}))
+        locks = {"VLLM_XPU_MEMFIX_LOCK_DIR": os.environ["LOCKS"]}
+        device_quant.install(Patcher(), config.load(locks))
         used = [module._use_xpu_quant(), module._use_xpu_quant()]
         decided = [m for m in lines if "sym_int4 keeps" in m or "quantizes on" in m]
         print(json.dumps([used, decided]))
         """
     )
-    env = {**os.environ, "SYM_INT4_REPLAY_LAYOUT": "0.14"}
+    env = {**os.environ, "SYM_INT4_REPLAY_LAYOUT": "0.14", "LOCKS": str(tmp_path)}
     env.pop("VLLM_INT4_DISABLE_XPU_QUANT", None)
     if opt_out:
         env["VLLM_INT4_DISABLE_XPU_QUANT"] = opt_out
