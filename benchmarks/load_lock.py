@@ -151,6 +151,12 @@ def measure(model: Path, arm: str, workdir: Path) -> dict[str, float]:
     }
 
 
+def same_round_ratios(mine: list[dict], theirs: list[dict], key: str) -> list[float]:
+    """Each round's figure over the base arm's of the same round: the rounds drift with the
+    machine (other jobs on its cores), two arms of one round less so."""
+    return [a[key] / b[key] for a, b in zip(mine, theirs, strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -182,19 +188,18 @@ def main() -> None:
         base = arm.split(",")[0] + ", lock off"
         base = base if base in results else "0.21 legacy, lock off"
         ratio = median(arm, "peak_above_start") / median(base, "peak_above_start")
-        paired = [  # the same round's base arm: the rounds drift with the machine
-            mine["peak_above_start"] / theirs["peak_above_start"]
-            for mine, theirs in zip(results[arm], results[base], strict=True)
-        ]
+        peaks = same_round_ratios(results[arm], results[base], "peak_above_start")
+        startups = same_round_ratios(results[arm], results[base], "startup_s")
         rows.append(
             (
                 arm,
                 f"{median(arm, 'peak_above_start'):,.0f}",
                 " / ".join(f"{r['peak_above_start']:,.0f}" for r in results[arm]),
                 f"{ratio:.2f}",
-                f"{statistics.median(paired):.2f} ({' / '.join(f'{r:.2f}' for r in paired)})",
+                f"{statistics.median(peaks):.2f} ({' / '.join(f'{r:.2f}' for r in peaks)})",
                 f"{median(arm, 'startup_s'):.1f}",
                 f"{median(arm, 'startup_s') / median(base, 'startup_s'):.2f}",
+                f"{statistics.median(startups):.2f} ({' / '.join(f'{r:.2f}' for r in startups)})",
                 " / ".join(f"{r['startup_s']:.1f}" for r in results[arm]),
                 " / ".join(f"{r['slots']:.0f}" for r in results[arm]) or "-",
                 f"{median(arm, 'ranks_locked'):.0f}",
@@ -208,6 +213,7 @@ def main() -> None:
         "median of the ratios to lock off in the same round (each)",
         "start-up s (median)",
         "start-up vs lock off",
+        "median of the same-round start-up ratios (each)",
         "start-up each round",
         "slots decided from the room (each round; 0: not sized)",
         "ranks that took the lock",

@@ -107,6 +107,7 @@ def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
         section.leave()
     warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "room unknown" in warning and "memory.max" in warning and "conservative" in warning
+    assert "0.2 MiB per rank" in warning and "-> 1 slot(s)" in warning
 
 
 def test_the_flag_and_explicit_slots_win_over_the_room(tmp_path):

@@ -154,9 +154,14 @@ def ranks_on_host(vllm_config: Any) -> int:
 def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
     """How many ranks' staging the room holds (1 to ``ranks``), and the line saying why.
     A room that could not be read gives 1, the choice that cannot overfill the host."""
-    if room.bytes is None:
-        return 1, f"{room.describe()}: 1 slot, the conservative choice"
     per_rank = staging * PEAK_PER_STAGED_BYTE
+    measured = (
+        f"{room.describe()}, staging {staging / MiB:,.1f} MiB per rank (peak taken as "
+        f"{PEAK_PER_STAGED_BYTE}x it, within {ROOM_SHARE:.0%} of the room), {ranks} ranks "
+        "on this host"
+    )
+    if room.bytes is None:
+        return 1, f"{measured} -> 1 slot(s): the conservative choice"
     fits = int(room.bytes * ROOM_SHARE // per_rank) if per_rank > 0 else ranks
     slots = min(ranks, max(1, fits))
     if slots == ranks:
@@ -165,11 +170,7 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
         reason = "not even one rank's staging fits; one rank loads at a time"
     else:
         reason = f"the room holds {fits} of the {ranks} ranks' staging at once"
-    return slots, (
-        f"{room.describe()}, staging {staging / MiB:,.1f} MiB per rank (peak taken as "
-        f"{PEAK_PER_STAGED_BYTE}x it, within {ROOM_SHARE:.0%} of the room), {ranks} ranks "
-        f"on this host -> {slots} slot(s): {reason}"
-    )
+    return slots, f"{measured} -> {slots} slot(s): {reason}"
 
 
 def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int, str]:
@@ -246,10 +247,10 @@ class LoadSection:
         from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
 
         slots, why = decide(self.settings, model, vllm_config)
-        if "room unknown" in why:
-            logger.warning("vllm-xpu-memfix: %s", why)
-        elif why.startswith("load lock sized"):
-            logger.info("vllm-xpu-memfix: %s", why)
+        sized = why.startswith("load lock sized")
+        if sized:
+            log = logger.warning if "room unknown" in why else logger.info
+            log("vllm-xpu-memfix: %s", why)
         if slots is None:
             logger.debug("vllm-xpu-memfix: load lock not used: %s", why)
             return
@@ -279,8 +280,8 @@ class LoadSection:
             )
         else:
             logger.info(
-                "vllm-xpu-memfix: load lock taken (%s, %d slot(s)) after waiting %.1f s%s",
-                why,
+                "vllm-xpu-memfix: load lock taken (%s%d slot(s)) after waiting %.1f s%s",
+                "" if sized else f"{why}, ",  # the room's line above said why
                 slots,
                 holding.waited_s,
                 f" for {holding.waited_for}" if holding.waited_for else "",
