@@ -249,7 +249,8 @@ class LoadSection:
         slots, why = decide(self.settings, model, vllm_config)
         sized = why.startswith("load lock sized")
         if sized:
-            log = logger.warning if "room unknown" in why else logger.info
+            risky = "room unknown" in why or "not even one" in why
+            log = logger.warning if risky else logger.info
             log("vllm-xpu-memfix: %s", why)
         if slots is None:
             logger.debug("vllm-xpu-memfix: load lock not used: %s", why)
