@@ -7,7 +7,12 @@ Intel's module (tests/plugins/sym_int4_replay). Arms, in rotating order per roun
 - ``0.21 legacy, lock off``: ``SYM_INT4_REPLAY_LAYOUT=0.21``,
   ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1`` (both ranks buffer their whole BF16 shard on
   the host at once), ``VLLM_XPU_MEMFIX_LOAD_LOCK=off``;
-- ``0.21 legacy, lock auto``: the same with the switch at its default;
+- ``0.21 legacy, lock auto``: the same with the switch at its default: the slots are
+  sized from this host's room, which holds both ranks' staging, so no rank waits;
+- ``0.21 legacy, lock auto, tight room``: the same with ``VLLM_XPU_MEMFIX_SYSROOT`` at
+  the hand-made container tree ``tests/data/proc/container-v2-tight`` (cgroup v2, 2,560
+  MiB left under its limit: one rank's 960 MiB staging fits, two do not), so the lock
+  decides 1 slot;
 - ``0.21 legacy, flag``: the switch left at ``auto`` on a layout auto would not lock
   (streaming), plus vLLM's own ``--max-parallel-loading-workers 1``;
 - ``0.26 layerwise, lock off`` and ``0.26 layerwise, lock auto``: auto must stay off.
@@ -18,7 +23,8 @@ the two workers' summed RssAnon (the higher of the sampled peak and the sum at t
 phases, since a sampler starved of CPU by two loading ranks can miss a plateau) above their
 summed RssAnon at process start (the ledger's first phase). ``--kv-cache-memory-bytes``
 keeps the KV cache at 64 MiB. Also the start-up time to ``/health``.
-Medians over ``--rounds``; ratios against the arm's "lock off".
+Medians over ``--rounds``; ratios against the arm's "lock off"; the slots each run's
+ranks decided, from their log line.
 
     .venv/bin/python benchmarks/load_lock.py --rounds 3 [--model DIR] [--out FILE.md]
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -45,9 +52,14 @@ TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": None}
 LEGACY = {"SYM_INT4_REPLAY_LAYOUT": "0.21", "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT": "1"}
 STREAMING = {"SYM_INT4_REPLAY_LAYOUT": "0.21", "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT": "0"}
 LAYERWISE = {"SYM_INT4_REPLAY_LAYOUT": "0.26"}
+TIGHT_ROOM = Path(__file__).resolve().parents[1] / "tests/data/proc/container-v2-tight"
 ARMS: dict[str, tuple[dict[str, str], list[str]]] = {
     "0.21 legacy, lock off": ({**LEGACY, "VLLM_XPU_MEMFIX_LOAD_LOCK": "off"}, []),
     "0.21 legacy, lock auto": (LEGACY, []),
+    "0.21 legacy, lock auto, tight room": (
+        {**LEGACY, "VLLM_XPU_MEMFIX_SYSROOT": str(TIGHT_ROOM)},
+        [],
+    ),
     "0.21 streaming, --max-parallel-loading-workers 1": (
         STREAMING,
         ["--max-parallel-loading-workers", "1"],
@@ -123,7 +135,9 @@ def measure(model: Path, arm: str, workdir: Path) -> dict[str, float]:
         watch.stopping.set()
         watch.join()
         server.complete("Hello", max_tokens=2)
-        locked = server.log_text().count("load lock: waited")
+        log = server.log_text()
+        locked = log.count("load lock: waited")
+        decided = [int(n) for n in re.findall(r"-> (\d+) slot\(s\)", log)]
     workers = worker_rows(ledger)
     start = sum(rows[0]["rss_anon"] for rows in workers.values())
     peak = max(watch.peak, ledger_summed_peak(workers))
@@ -133,7 +147,14 @@ def measure(model: Path, arm: str, workdir: Path) -> dict[str, float]:
         "samples": watch.samples,
         "startup_s": server.ready_after_s or 0.0,
         "ranks_locked": locked,
+        "slots": max(decided, default=0),
     }
+
+
+def same_round_ratios(mine: list[dict], theirs: list[dict], key: str) -> list[float]:
+    """Each round's figure over the base arm's of the same round: the rounds drift with the
+    machine (other jobs on its cores), two arms of one round less so."""
+    return [a[key] / b[key] for a, b in zip(mine, theirs, strict=True)]
 
 
 def main() -> None:
@@ -167,18 +188,20 @@ def main() -> None:
         base = arm.split(",")[0] + ", lock off"
         base = base if base in results else "0.21 legacy, lock off"
         ratio = median(arm, "peak_above_start") / median(base, "peak_above_start")
-        paired = [  # the same round's base arm: the rounds drift with the machine
-            mine["peak_above_start"] / theirs["peak_above_start"]
-            for mine, theirs in zip(results[arm], results[base], strict=True)
-        ]
+        peaks = same_round_ratios(results[arm], results[base], "peak_above_start")
+        startups = same_round_ratios(results[arm], results[base], "startup_s")
         rows.append(
             (
                 arm,
                 f"{median(arm, 'peak_above_start'):,.0f}",
                 " / ".join(f"{r['peak_above_start']:,.0f}" for r in results[arm]),
                 f"{ratio:.2f}",
-                f"{statistics.median(paired):.2f} ({' / '.join(f'{r:.2f}' for r in paired)})",
+                f"{statistics.median(peaks):.2f} ({' / '.join(f'{r:.2f}' for r in peaks)})",
                 f"{median(arm, 'startup_s'):.1f}",
+                f"{median(arm, 'startup_s') / median(base, 'startup_s'):.2f}",
+                f"{statistics.median(startups):.2f} ({' / '.join(f'{r:.2f}' for r in startups)})",
+                " / ".join(f"{r['startup_s']:.1f}" for r in results[arm]),
+                " / ".join(f"{r['slots']:.0f}" for r in results[arm]) or "-",
                 f"{median(arm, 'ranks_locked'):.0f}",
             )
         )
@@ -189,6 +212,10 @@ def main() -> None:
         "median vs lock off's median",
         "median of the ratios to lock off in the same round (each)",
         "start-up s (median)",
+        "start-up vs lock off",
+        "median of the same-round start-up ratios (each)",
+        "start-up each round",
+        "slots decided from the room (each round; 0: not sized)",
         "ranks that took the lock",
     )
     lines = [

@@ -94,6 +94,31 @@ def test_703_with_the_guard_the_verdict_changes(issue_703):
     )
 
 
+def test_a_container_limit_is_the_room_the_verdict_checks(issue_703, tmp_path):
+    """The 703 command fits the host's 120 GiB with the guard on; in a container with 8 GiB
+    left under its cgroup v2 limit it does not, and doctor reports the room the load lock and
+    the ledger read (memory.room), container limit included."""
+    from vllm_xpu_memfix.memory.room import host_room
+
+    _, model = issue_703
+    host = build_host(tmp_path / "host", [B70] * 4, mem_total_gib=128, mem_available_gib=120)
+    cgroup = host / "sys/fs/cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(f"{64 * GiB}\n")
+    (cgroup / "memory.current").write_text(f"{56 * GiB}\n")
+    report = json.loads(
+        doctor(str(model), *ISSUE_703, "--json", VLLM_XPU_MEMFIX_SYSROOT=str(host)).stdout
+    )
+    room = host_room(host)
+    assert report["host"]["room"] == room.bytes == 8 * GiB
+    assert report["host"]["room_detail"] == room.describe()
+    assert report["total"]["mem_available"] == 120 * GiB
+    assert report["verdict"] == "will run out of memory"
+    assert any("raise the container's memory limit" in c for c in report["changes"])
+    text = doctor(str(model), *ISSUE_703, VLLM_XPU_MEMFIX_SYSROOT=str(host)).stdout
+    assert f"against the {room.describe()}" in text
+
+
 def test_703_human_report(issue_703):
     host, model = issue_703
     result = doctor(
@@ -203,8 +228,9 @@ def test_the_offload_variable_adds_nothing_where_no_sym_int4_reads_it(
 def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_when_off(
     tmp_path,
 ):
-    """TP 4 on a host with 48 GiB available: four 12.5 GiB shards at once do not fit, one
-    at a time does. With the lock off, doctor recommends vLLM's own flag."""
+    """TP 4 on a host with 48 GiB available: four 12.5 GiB shards at once do not fit; the
+    lock sizes its slots from that room (0.8 x 48 GiB holds two shards' 1.5x peaks), and two
+    at a time fit. With the lock off, doctor recommends vLLM's own flag."""
     host = build_host(tmp_path / "host", [B70] * 4, mem_total_gib=64, mem_available_gib=48)
     model = qwen_27b_like(tmp_path / "Qwen-27B")
     reads = "import os\nLEGACY = os.environ.get('VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT') == '1'\n"
@@ -220,9 +246,9 @@ def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_w
     staging = locked["per_rank"]["quantization_staging"]
     assert staging > locked["model"]["checkpoint_bytes"] / 4
     assert unlocked["total"]["host_need"] - locked["total"]["host_need"] == pytest.approx(
-        3 * staging
+        2 * staging
     )
-    assert "the load lock lets 1 of 4 ranks stage at once" in locked["model"]["staging"]
+    assert "the load lock lets 2 of 4 ranks stage at once" in locked["model"]["staging"]
     assert (
         unlocked["verdict"] == "will run out of memory" and locked["verdict"] != unlocked["verdict"]
     )

@@ -1,13 +1,17 @@
-"""The load lock: its decision on models built by the sym_int4 replay's own create_weights,
-bad input, an unusable lock directory, the time-out, and two real TP=2 servers on the
-test bed (the replay's 0.21 legacy load, where the lock must serialise the ranks, and its
-0.26 layerwise load, where auto must leave it off)."""
+"""The load lock: its decision (sized from the host's room, read from recorded and hand-made
+trees under tests/data/proc through VLLM_XPU_MEMFIX_SYSROOT), the ranks' agreement on it,
+bad input, an unusable lock directory, the time-out, and real TP=2 servers on the test bed
+(the replay's 0.21 legacy load in a tight container, where the lock must serialise the
+ranks; the same load with this host's room, where auto must not; and its 0.26 layerwise
+load, where auto must leave it off)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +19,12 @@ import pytest
 
 from vllm_xpu_memfix import config
 from vllm_xpu_memfix.fixes import load_lock
+from vllm_xpu_memfix.host_lock import agree
+from vllm_xpu_memfix.memory.room import host_room
+
+DATA = Path(__file__).parent / "data" / "proc"
+TIGHT = DATA / "container-v2-tight"  # 2,560 MiB left under a cgroup v2 limit
+FULL = DATA / "container-v1-full"  # 96 MiB left under a cgroup v1 limit
 
 torch = pytest.importorskip("torch")
 
@@ -46,9 +56,109 @@ def model_with(device: str) -> torch.nn.Module:
     return model
 
 
-def test_a_shard_buffered_on_the_host_turns_the_lock_on_with_the_default_slots():
-    slots, why = load_lock.decide(config.load({}), model_with("cpu"), parallel())
-    assert slots == 1 and "stages its whole BF16 shard" in why and "0.2 MiB in 1" in why
+def room_settings(tmp_path, sysroot, **more):
+    return config.load(
+        {
+            "VLLM_XPU_MEMFIX_SYSROOT": str(sysroot),
+            "VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / "locks"),
+            **more,
+        }
+    )
+
+
+def test_a_shard_buffered_on_the_host_sizes_the_slots_from_the_room(tmp_path):
+    """The model stages 0.25 MiB per rank: a 96 MiB room holds 4 ranks' (0.8 x 96 / 0.375 =
+    204), so 8 ranks load 204 at a time -> all 8, no lock; 300 ranks get 204 slots."""
+    settings = room_settings(tmp_path, FULL)
+    slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=8))
+    assert slots is None and "-> 8 slot(s)" in why and "load unserialised" in why
+    assert host_room(FULL).describe() in why and "0.2 MiB per rank" in why
+    settings = room_settings(tmp_path / "other", FULL)
+    slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=300))
+    assert slots == 204 and "the room holds 204 of the 300 ranks' staging" in why
+
+
+def test_a_tight_container_gives_one_slot_through_the_section(tmp_path, caplog):
+    big = model_with("cpu")  # 2 x 64 MiB staged: 192 MiB peak per rank, 96 MiB of room
+    big.layer.weight = torch.nn.Parameter(torch.empty(1024, 32768, dtype=torch.bfloat16))
+    section = load_lock.LoadSection(room_settings(tmp_path, FULL))
+    with caplog.at_level(logging.INFO):
+        section.enter(big, parallel())
+    try:
+        assert section.holding is not None and section.holding.acquired
+        assert section.semaphore is not None and section.semaphore.slots == 1
+    finally:
+        section.leave()
+    line = next(r.getMessage() for r in caplog.records if "sized from the room" in r.getMessage())
+    assert "room 96 MiB" in line and "64.0 MiB per rank" in line and "-> 1 slot(s)" in line
+
+
+def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
+    import shutil
+
+    tree = Path(shutil.copytree(TIGHT, tmp_path / "tree"))
+    (tree / "sys/fs/cgroup/memory.max").write_text("\x00\x01 nonsense\n")
+    section = load_lock.LoadSection(room_settings(tmp_path, tree))
+    with caplog.at_level(logging.INFO):
+        section.enter(model_with("cpu"), parallel())
+    try:
+        assert section.semaphore is not None and section.semaphore.slots == 1
+    finally:
+        section.leave()
+    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "room unknown" in warning and "memory.max" in warning and "conservative" in warning
+    assert "0.2 MiB per rank" in warning and "-> 1 slot(s)" in warning
+
+
+def test_the_flag_and_explicit_slots_win_over_the_room(tmp_path):
+    settings = room_settings(tmp_path, DATA / "cpu-vm-v1")  # a room for everything
+    assert load_lock.decide(settings, model_with("cpu"), parallel(workers=1))[0] == 1
+    fixed = room_settings(tmp_path, DATA / "cpu-vm-v1", VLLM_XPU_MEMFIX_LOAD_SLOTS="1")
+    slots, why = load_lock.decide(fixed, model_with("cpu"), parallel())
+    assert slots == 1 and why.endswith("VLLM_XPU_MEMFIX_LOAD_SLOTS")
+    assert not (tmp_path / "locks").exists()  # neither read the room nor wrote a decision
+
+
+def test_ranks_that_see_different_rooms_queue_on_the_first_ones_number(tmp_path):
+    """One rank reads a tight container, the other a roomy host: both get the first's."""
+    first = room_settings(tmp_path, FULL)
+    roomy = room_settings(tmp_path, DATA / "cpu-vm-v1")
+    big = model_with("cpu")
+    big.layer.weight = torch.nn.Parameter(torch.empty(1024, 32768, dtype=torch.bfloat16))
+    assert load_lock.decide(first, big, parallel())[0] == 1
+    slots, why = load_lock.decide(roomy, big, parallel())
+    assert slots == 1 and "as the engine's first rank decided" in why and "room 96 MiB" in why
+
+
+def test_agreement_is_one_value_under_concurrency(tmp_path):
+    answers, lock = [], threading.Lock()
+
+    def rank(n):
+        def decide_here():
+            time.sleep(0.05)  # the others arrive while this one decides
+            return f"{n} from rank {n}"
+
+        result = agree(tmp_path, "load-slots-x", "engine1@5", decide_here)
+        with lock:
+            answers.append(result)
+
+    threads = [threading.Thread(target=rank, args=(n,)) for n in range(1, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({value for value, _ in answers}) == 1
+    assert sum(mine for _, mine in answers) == 1
+
+
+def test_a_stale_or_half_written_decision_is_decided_afresh(tmp_path):
+    path = tmp_path / "load-slots-x.decision"
+    assert agree(tmp_path, "load-slots-x", "engine1@5", lambda: "2 old") == ("2 old", True)
+    # The same pid again, started later: another instance.
+    assert agree(tmp_path, "load-slots-x", "engine1@9", lambda: "1 new") == ("1 new", True)
+    path.write_text("engine1@9\n1 new")  # a writer that died before the closing line
+    assert agree(tmp_path, "load-slots-x", "engine1@9", lambda: "3 again") == ("3 again", True)
+    assert agree(tmp_path, "load-slots-x", "engine1@9", lambda: "4 late") == ("3 again", False)
 
 
 def test_streaming_and_layerwise_loads_keep_it_off():
@@ -107,13 +217,24 @@ def test_vllms_online_quantization_never_queues_at_tp_above_one():
 def test_bad_slot_counts_are_refused_with_the_variable_and_the_range(value):
     with pytest.raises(config.ConfigError) as err:
         config.load({"VLLM_XPU_MEMFIX_LOAD_SLOTS": value})
-    assert "VLLM_XPU_MEMFIX_LOAD_SLOTS" in str(err.value) and "from 1 to 1024" in str(err.value)
+    message = str(err.value)
+    assert (
+        "VLLM_XPU_MEMFIX_LOAD_SLOTS" in message and "an integer from 1 to 1024, or auto" in message
+    )
+
+
+def test_slots_default_to_auto():
+    assert config.load({}).load_slots is None
+    assert config.load({"VLLM_XPU_MEMFIX_LOAD_SLOTS": " Auto "}).load_slots is None
+    assert config.load({"VLLM_XPU_MEMFIX_LOAD_SLOTS": "3"}).load_slots == 3
 
 
 def test_an_unusable_lock_directory_logs_an_error_and_loads_unlocked(tmp_path, caplog):
     (tmp_path / "elsewhere").mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
-    settings = config.load({"VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / "link")})
+    settings = config.load(
+        {"VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / "link"), "VLLM_XPU_MEMFIX_LOAD_SLOTS": "1"}
+    )
     section = load_lock.LoadSection(settings)
     with caplog.at_level(logging.ERROR):
         section.enter(model_with("cpu"), parallel())
@@ -124,13 +245,30 @@ def test_an_unusable_lock_directory_logs_an_error_and_loads_unlocked(tmp_path, c
     section.leave()  # nothing held: a no-op
 
 
+def test_an_unusable_lock_directory_for_the_rooms_decision_loads_unlocked(tmp_path, caplog):
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    settings = config.load({"VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / "link")})
+    after_construction = load_lock.patches(settings)[0]
+    model = model_with("cpu")
+    with caplog.at_level(logging.ERROR):
+        built = after_construction.wrapper(lambda **_: model, None, (), {"vllm_config": parallel()})
+    assert built is model
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "this rank loads unlocked" in line and "symlink" in line
+
+
 def test_a_rank_that_times_out_loads_unlocked_and_names_the_holder(tmp_path, caplog):
     from test_warmup_lock import start_holder
 
     lock_dir = tmp_path / "locks"
     holder = start_holder(lock_dir, "load")
     settings = config.load(
-        {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), "VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S": "1"}
+        {
+            "VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir),
+            "VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S": "1",
+            "VLLM_XPU_MEMFIX_LOAD_SLOTS": "1",
+        }
     )
     try:
         section = load_lock.LoadSection(settings)
@@ -167,11 +305,13 @@ LOCK_LINE = re.compile(r"rank (\d) load lock: waited ([\d.]+) s(?: for pid (\d+)
 
 
 @pytest.mark.server
-def test_tp2_legacy_load_serialises_the_ranks_and_layerwise_leaves_them_alone(
+def test_tp2_legacy_load_serialises_in_a_tight_container_not_with_room_and_layerwise_never(
     serve, small_model, tmp_path
 ):
     """The 134 M model: each rank's section (its ledger's "weights loaded" to "weights
-    processed", inside the locked span) lasts seconds, so unlocked ranks would overlap."""
+    processed", inside the locked span) lasts seconds, so unlocked ranks would overlap.
+    The tight container is the hand-made v1 tree (96 MiB left under its limit, read through
+    VLLM_XPU_MEMFIX_SYSROOT); this host's own room holds both ranks' staging."""
     import json
 
     pytest.importorskip("vllm")
@@ -180,17 +320,22 @@ def test_tp2_legacy_load_serialises_the_ranks_and_layerwise_leaves_them_alone(
         "VLLM_CPU_OMP_THREADS_BIND": "0|1",
         "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT": "1",
         "SYM_INT4_REPLAY_LAYOUT": "0.21",
-        "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir),
     }
     args = ["--quantization", "sym_int4", "--tensor-parallel-size", "2"]
-    legacy = serve(small_model, env=env, extra_args=args)
+    tight = {**env, "VLLM_XPU_MEMFIX_SYSROOT": str(FULL)}
+    legacy = serve(
+        small_model, env={**tight, "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)}, extra_args=args
+    )
     legacy.wait_ready(timeout_s=400)
     text = legacy.complete("Hello", max_tokens=2, temperature=0)["choices"][0]["text"]
     legacy.stop()
     log = legacy.log_text()
     lines = LOCK_LINE.findall(log)
     assert sorted(rank for rank, _, _ in lines) == ["0", "1"], log[-3000:]
-    assert "stages its whole BF16 shard on the host" in log
+    sized = re.findall(r"load lock sized from the room \((.+?)\): room 96 MiB.*-> 1 slot", log)
+    assert sorted(sized) == ["as the engine's first rank decided", "this rank decided"], sized
+    # The ledger reports the same room as the lock.
+    assert log.count(f"host at ready: {host_room(FULL).describe()}") == 2
     pids = dict(re.findall(r"\(Worker_TP(\d) pid=(\d+)\)", log))
     for rank, waited, pid in lines:
         if float(waited) > 0.1:  # a rank that queued names the other rank's worker
@@ -205,6 +350,14 @@ def test_tp2_legacy_load_serialises_the_ranks_and_layerwise_leaves_them_alone(
     assert len(sections) == 2
     first, second = sorted(sections)
     assert first[1] <= second[0], f"the ranks loaded at the same time: {sections}"
+
+    roomy = serve(small_model, env=env, extra_args=args)
+    roomy.wait_ready(timeout_s=400)
+    assert roomy.complete("Hello", max_tokens=2, temperature=0)["choices"][0]["text"] == text
+    roomy.stop()
+    log = roomy.log_text()
+    assert log.count("-> 2 slot(s): every rank's staging fits at once") == 2, log[-3000:]
+    assert not LOCK_LINE.findall(log)
 
     layerwise = serve(small_model, env={**env, "SYM_INT4_REPLAY_LAYOUT": "0.26"}, extra_args=args)
     layerwise.wait_ready(timeout_s=400)

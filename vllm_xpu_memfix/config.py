@@ -195,19 +195,44 @@ TIMEOUT_S = Bounds(0, 86_400, above_minimum=True, unit="seconds")
 MIB = Bounds(0, 1 << 20, integer=True, unit="MiB")  # up to 1 TiB
 
 
-def _host_semaphore(kind: str, who: str, proceeds: str, timeout_s: str) -> tuple[Variable, ...]:
+AUTO_SLOTS = "auto"
+
+
+def _slots_or_auto(variable: Variable, raw: str, environ: Mapping[str, str]) -> int | None:
+    """An explicit slot count, or None for ``auto`` (sized from the host's room)."""
+    if raw.strip().lower() == AUTO_SLOTS:
+        return None
+    assert variable.bounds is not None
+    value = variable.bounds.value_of(raw)
+    if value is None:
+        raise _invalid(variable.name, raw, variable.accepted)
+    return int(value)
+
+
+def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
+    name = f"{PREFIX}_{kind.upper()}_SLOTS"
+    doc = f"How many {who} at once on the host (or engine)."
+    if not sized_by_room:
+        return Variable(name, f"{kind}_slots", "1", SLOTS.accepted, doc, _number, bounds=SLOTS)
+    return Variable(
+        name,
+        f"{kind}_slots",
+        AUTO_SLOTS,
+        f"{SLOTS.accepted}, or {AUTO_SLOTS}",
+        f"{doc} auto: as many as the host's room holds ranks' staging (docs/load-lock.md), "
+        "1 with load_lock=on.",
+        _slots_or_auto,
+        bounds=SLOTS,
+    )
+
+
+def _host_semaphore(
+    kind: str, who: str, proceeds: str, timeout_s: str, sized_by_room: bool = False
+) -> tuple[Variable, ...]:
     """The slots, time-out and scope of one of the plugin's host-wide locks."""
     upper = kind.upper()
     return (
-        Variable(
-            name=f"{PREFIX}_{upper}_SLOTS",
-            field=f"{kind}_slots",
-            default="1",
-            accepted=SLOTS.accepted,
-            doc=f"How many {who} at once on the host (or engine).",
-            parse=_number,
-            bounds=SLOTS,
-        ),
+        _slots(kind, who, sized_by_room),
         Variable(
             name=f"{PREFIX}_{upper}_TIMEOUT_S",
             field=f"{kind}_timeout_s",
@@ -270,7 +295,8 @@ LOAD_LOCK = Fix(
     "--max-parallel-loading-workers, else VLLM_XPU_MEMFIX_LOAD_SLOTS), so the host holds "
     "about N shards of host-staged weights instead of every rank's.",
     auto_means="on where a rank stages its whole BF16 shard on the host (sym_int4's legacy "
-    "load) or where --max-parallel-loading-workers is given; off elsewhere",
+    "load) and the host's room does not hold every rank's, or where "
+    "--max-parallel-loading-workers is given; off elsewhere",
 )
 DRIVER_ENV = Fix(
     key="driver_env",
@@ -318,7 +344,8 @@ PARAMETERS: tuple[Variable, ...] = (
         default="/",
         accepted="a directory",
         doc="Root for the sysfs, dpkg and library look-ups of the driver guard, doctor and "
-        "ray-env (point it at a recorded tree). Empty is the same as unset.",
+        "ray-env, and for the /proc/meminfo and cgroup reads of the host's room (load lock, "
+        "ledger, doctor); point it at a recorded tree. Empty is the same as unset.",
         parse=_existing_directory,
     ),
     Variable(
@@ -362,7 +389,9 @@ PARAMETERS: tuple[Variable, ...] = (
         choices=_ON_OFF,
     ),
     *_host_semaphore("warmup", "warm-ups may run", "warms up", timeout_s="900"),
-    *_host_semaphore("load", "ranks may load weights", "loads", timeout_s="1800"),
+    *_host_semaphore(
+        "load", "ranks may load weights", "loads", timeout_s="1800", sized_by_room=True
+    ),
     Variable(
         name=f"{PREFIX}_LOCK_DIR",
         field="lock_dir",
@@ -430,7 +459,7 @@ class Settings:
     warmup_slots: int
     warmup_timeout_s: float
     warmup_scope: str
-    load_slots: int
+    load_slots: int | None  # None: auto, sized from the host's room
     load_timeout_s: float
     load_scope: str
     lock_dir: Path

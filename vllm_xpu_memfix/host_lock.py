@@ -26,7 +26,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,21 +137,56 @@ def read_owner(path: Path) -> str | None:
         os.close(fd)
 
 
+def refuse_hard_links(fd: int, path: Path) -> None:
+    """Raise :class:`LockDirError` where the file has other hard links: writing it would
+    change the linked file too."""
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        raise LockDirError(
+            f"{path} has {links} hard links; refusing to write it (remove it to let the "
+            "lock work again)"
+        )
+
+
 def write_owner(path: Path, text: str) -> None:
-    """Replace the owner file's text; a file with other hard links is refused, since
-    writing it would change the linked file too."""
+    """Replace the owner file's text; a file with other hard links is refused."""
     fd = open_entry(path, os.O_WRONLY | os.O_CREAT)
     try:
-        links = os.fstat(fd).st_nlink
-        if links > 1:
-            raise LockDirError(
-                f"{path} has {links} hard links; refusing to write it (remove it to let the "
-                "lock work again)"
-            )
+        refuse_hard_links(fd, path)
         os.ftruncate(fd, 0)
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+DECISION_END = "end"
+
+
+def agree(directory: Path, name: str, token: str, decide: Callable[[], str]) -> tuple[str, bool]:
+    """One value for every process that presents ``token``: the first to come runs
+    ``decide()`` and writes its one-line answer to ``<name>.decision``; the others read it.
+    Returns the value and whether this process decided it.
+
+    The file is read and written under its own ``flock``, which the kernel drops when a
+    holder dies; a value is trusted only with this token and its closing line, so a
+    half-written file or a previous instance's (a reused pid) is decided afresh.
+    Raises :class:`LockDirError` (or ``OSError``) where the directory or file is unusable.
+    """
+    prepare_lock_dir(directory)
+    path = directory / f"{name}.decision"
+    fd = open_entry(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and a few /proc reads at most
+        lines = os.read(fd, OWNER_READ_BYTES).decode("utf-8", "replace").split("\n")
+        if len(lines) >= 3 and lines[0] == token and lines[2] == DECISION_END and lines[1]:
+            return lines[1], False
+        refuse_hard_links(fd, path)
+        value = decide()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{token}\n{value}\n{DECISION_END}\n".encode(), 0)
+        return value, True
+    finally:
+        os.close(fd)  # drops the flock
 
 
 @dataclass

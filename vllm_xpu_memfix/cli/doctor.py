@@ -24,7 +24,7 @@ from typing import Any
 
 from vllm_xpu_memfix import config, driver, int4_self_check
 from vllm_xpu_memfix.config import Settings
-from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.fixes import driver_env, load_lock
 from vllm_xpu_memfix.memory import hub_cache
 from vllm_xpu_memfix.memory.checkpoint import (
     TORCH_DTYPES,
@@ -34,6 +34,7 @@ from vllm_xpu_memfix.memory.checkpoint import (
     read_checkpoint,
     text_config,
 )
+from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
 from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, GiB
 
@@ -198,15 +199,23 @@ def _staging(
     return per_layer, in_flight if why.startswith(f"{OFFLOAD} unset") else f"{in_flight}; {why}"
 
 
-def load_slots(settings: Settings, args: ServeArgs, holds_shard: bool) -> int | None:
-    """How many ranks the load lock lets stage at once; None where it stays off."""
+def load_slots(
+    settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, shard: float
+) -> int | None:
+    """How many ranks the load lock lets stage at once; None where it stays off. Sized
+    from the room as the lock sizes it, with the shard's bytes for the staging."""
     if not settings.requested(config.LOAD_LOCK):
         return None
     if args.max_parallel_loading_workers:
         return args.max_parallel_loading_workers
-    if settings.mode(config.LOAD_LOCK) is config.Mode.ON or holds_shard:
+    if settings.mode(config.LOAD_LOCK) is config.Mode.ON:
+        return settings.load_slots or 1
+    if not holds_shard:
+        return None
+    if settings.load_slots is not None:
         return settings.load_slots
-    return None
+    slots, _ = load_lock.slots_for_room(room, shard, args.tensor_parallel_size)
+    return slots if slots < args.tensor_parallel_size else None
 
 
 @dataclass(frozen=True)
@@ -224,6 +233,7 @@ class Measurement:
     ckpt: Checkpoint | None
     model_label: str
     legacy: tuple[bool, str]
+    room: Room
     load_slots: int | None
 
     @property
@@ -286,6 +296,7 @@ def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
 def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:
     """Read every file doctor needs; nothing is loaded or started."""
     snap = ProcReader(settings.sysroot).take("self", pss=False)
+    room = host_room(settings.sysroot)
     gpus = driver.intel_gpus(settings.sysroot)
     visible = driver.visible_gpus(gpus, environ)
     runtime = driver.compute_runtime(settings.sysroot)
@@ -294,6 +305,7 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
     legacy = legacy_load(environ)
     ckpt, model_label = read_model(args)
+    shard = ckpt.total_bytes / args.tensor_parallel_size if ckpt else 0.0
     return Measurement(
         snap=snap,
         gpus=gpus,
@@ -306,7 +318,8 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         ckpt=ckpt,
         model_label=model_label,
         legacy=legacy,
-        load_slots=load_slots(settings, args, legacy[0]),
+        room=room,
+        load_slots=load_slots(settings, args, legacy[0], room, shard),
     )
 
 
@@ -349,19 +362,18 @@ def decide(measured: Measurement, args: ServeArgs, environ: Mapping[str, str]) -
     }
     need = tp * (per_rank["driver_mirror"] + per_rank["process_baseline"]) + staging_ranks * staging
     page_cache = float(ckpt.total_bytes) if ckpt else 0.0
-    available = float(snap.mem_available or 0)
-    room = available
+    # The room the load lock and the ledger use: in a container, the cgroup's limit less
+    # its usage where smaller than MemAvailable; 0 where it could not be read.
+    room = float(measured.room.bytes or 0)
     total = {
         "host_need": need,
         "page_cache": page_cache,
-        "mem_available": available,
+        "mem_available": float(snap.mem_available or 0),
+        "room": room,
         "swap_free": float(snap.swap_free or 0),
     }
-    if snap.cgroup_max is not None:
-        cg_room = float(snap.cgroup_max - (snap.cgroup_current or 0))
-        total["cgroup_room"] = cg_room
-        # The checkpoint's page cache is charged to the container's cgroup.
-        room = min(room, cg_room - page_cache)
+    if measured.room.cgroup.room is not None:
+        total["cgroup_room"] = float(measured.room.cgroup.room)
     causes = {
         "driver mirror": tp * per_rank["driver_mirror"],
         "quantization staging": staging_ranks * staging,
@@ -415,9 +427,9 @@ def advise(
         changes.append(
             "serve a checkpoint quantized ahead of time: no weights are converted on the host"
         )
-    if measured.snap.cgroup_max is not None and estimate.total["page_cache"] and not fits:
+    if "cgroup_room" in estimate.total and not fits:
         changes.append(
-            "raise the container's memory limit: the checkpoint's page cache is charged to it"
+            "raise the container's memory limit (docker run --memory): the room is what it leaves"
         )
     if not fits and not changes:
         changes.append("add host RAM, or serve on fewer GPUs per host")
@@ -489,6 +501,8 @@ def _model_notes(ckpt: Checkpoint, args: ServeArgs) -> list[str]:
 def _notes(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
     tp = args.tensor_parallel_size
     notes = []
+    if measured.room.problem:
+        notes.append(f"the host's room could not be read ({measured.room.problem}): taken as 0")
     if len(measured.visible) < tp and measured.gpus:
         notes.append(
             f"--tensor-parallel-size {tp} but only {len(measured.visible)} Intel GPU(s) are visible"
@@ -524,8 +538,10 @@ def _model_section(
     }
 
 
-def _host_section(snap: Snapshot) -> dict[str, Any]:
+def _host_section(snap: Snapshot, room: Room) -> dict[str, Any]:
     return {
+        "room": room.bytes,
+        "room_detail": room.describe(),
         "mem_total": snap.mem_total,
         "mem_available": snap.mem_available,
         "swap_total": snap.swap_total,
@@ -568,7 +584,7 @@ def diagnose(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) ->
     measured = measure(settings, args, environ)
     estimate = decide(measured, args, environ)
     return Report(
-        host=_host_section(measured.snap),
+        host=_host_section(measured.snap, measured.room),
         gpus=_gpu_section(measured),
         environment={k: environ[k] for k in RELEVANT_ENV if k in environ},
         plugin=_plugin_section(settings),
@@ -631,7 +647,7 @@ def render(report: Report, args: ServeArgs) -> str:
         "Host total",
         f"  need {_gib(report.total['host_need'])} + checkpoint page cache "
         f"{_gib(report.total['page_cache'])} (reclaimable), "
-        f"against {_gib(report.total['mem_available'])} available",
+        f"against the {report.host['room_detail']}",
         f"Verdict: {report.verdict.upper()} (largest part: {report.main_cause})",
         *(f"  - {change}" for change in report.changes),
         *(f"  note: {note}" for note in report.notes),

@@ -15,7 +15,9 @@ Mechanism
     V2-runner warm-up runs batches too); the vLLM process tree's PSS is added at
     the first and last. At ready each worker logs a table and one attribution
     line: the parts it knows (a KV cache and weights in host memory) are taken
-    out, and the likely cause is named for what remains.
+    out, and the likely cause is named for what remains; and the host's room then
+    (``memory.room``, the figure the load lock and doctor use: MemAvailable, or the
+    container's cgroup limit less its usage where smaller).
     ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The
     "ready" hook removes itself after the first batch, so nothing stays on the
     per-step path.
@@ -32,7 +34,8 @@ Targets
     ``vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model``, which the
     CPU worker overrides.
 Switch
-    ``VLLM_XPU_MEMFIX_LEDGER`` (auto = on); ``VLLM_XPU_MEMFIX_LEDGER_DIR``.
+    ``VLLM_XPU_MEMFIX_LEDGER`` (auto = on); ``VLLM_XPU_MEMFIX_LEDGER_DIR``;
+    ``VLLM_XPU_MEMFIX_SYSROOT`` roots the room's reads.
 Upstream
     None yet. vLLM logs device figures per rank ("Model loading took", "Available
     KV cache memory") but no host figures.
@@ -56,6 +59,7 @@ from vllm_xpu_memfix.process import current_role
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.memory.ledger import Ledger
+    from vllm_xpu_memfix.memory.room import Room
 
 logger = get_logger("ledger")
 
@@ -88,8 +92,9 @@ def device_type(instance: Any) -> str | None:
 class Recorder:
     """This process's ledger, made on first use so that registration imports nothing of it."""
 
-    def __init__(self, jsonl_dir: Path | None) -> None:
+    def __init__(self, jsonl_dir: Path | None, sysroot: Path = Path("/")) -> None:
         self.jsonl_dir = jsonl_dir
+        self.sysroot = sysroot
         self._ledger: Ledger | None = None
         # vLLM's V2 runner runs execute_model inside compile_or_warm_up_model (kernel
         # warm-up, 0.32 v1/worker/gpu_worker.py); "ready" is the first call outside it.
@@ -122,7 +127,7 @@ class Recorder:
             # The ledger only observes; it must never break vLLM's start-up.
             logger.exception("vllm-xpu-memfix: ledger could not record phase %r", phase)
 
-    def report(self) -> None:
+    def report(self, room: Room | None = None) -> None:
         ledger = self.current()
         if not ledger.entries:
             return
@@ -130,8 +135,22 @@ class Recorder:
             title = f"vllm-xpu-memfix: host-memory ledger, rank {ledger.rank} ({ledger.role}), MiB"
             logger.info("%s\n%s", title, ledger.table())
             logger.info("vllm-xpu-memfix: rank %s %s", ledger.rank, ledger.summary_line())
+            if room is not None:
+                logger.info(
+                    "vllm-xpu-memfix: rank %s host at ready: %s", ledger.rank, room.describe()
+                )
         except Exception:
             logger.exception("vllm-xpu-memfix: ledger report failed")
+
+    def room(self) -> Room | None:
+        """The host's room now; None where reading it failed (the ledger only observes)."""
+        from vllm_xpu_memfix.memory.room import host_room
+
+        try:
+            return host_room(self.sysroot)
+        except Exception:
+            logger.exception("vllm-xpu-memfix: ledger could not read the host's room")
+            return None
 
     def patches(self) -> tuple[Patch, ...]:
         def after_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -186,8 +205,9 @@ class Recorder:
             return result
 
         def at_first_batch(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            self.record("ready", instance)
-            self.report()
+            room = self.room()
+            self.record("ready", instance, room_bytes=room.bytes if room else None)
+            self.report(room)
             return wrapped(*args, **kwargs)
 
         key = FIX.key
@@ -215,7 +235,7 @@ class Recorder:
 
 
 def patches(settings: Settings) -> tuple[Patch, ...]:
-    return Recorder(settings.ledger_dir).patches()
+    return Recorder(settings.ledger_dir, settings.sysroot).patches()
 
 
 def install(patcher: Patcher, settings: Settings) -> None:
@@ -225,7 +245,7 @@ def install(patcher: Patcher, settings: Settings) -> None:
     ``register()`` stays cheap (it imports nothing of the ledger); other
     processes record it here, and only when their JSON lines are wanted.
     """
-    recorder = Recorder(settings.ledger_dir)
+    recorder = Recorder(settings.ledger_dir, settings.sysroot)
     patcher.install_all(with_platform_overrides(recorder.patches()))
     if current_role().role not in ("worker", "ray_worker") and settings.ledger_dir is not None:
         recorder.record("process start")

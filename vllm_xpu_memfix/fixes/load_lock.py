@@ -10,17 +10,24 @@ Problem
     model. vLLM has the flag meant for this, ``--max-parallel-loading-workers`` ("to
     avoid RAM OOM when using tensor parallel and large models"), but since the V1 engine
     it only warns that it "will be ignored" (vLLM PR #1395 implemented it for the old Ray
-    executor).
+    executor). A host with room for every rank's shard has nothing to save, and
+    serialising there only costs start-up time (+35 % on the test bed).
 Mechanism
     Right after the loader builds the model (``initialize_model``, which allocates
     without touching pages), decide whether this rank stages its whole shard
     on the host: the model's sym_int4 layers hold real BF16 weights on the CPU before a
-    single weight was read. If so, or if the user passed ``--max-parallel-loading-workers
-    N``, take one of N slots of a host-wide semaphore of file locks (``host_lock``) before
-    the weights are read. The slot is given back right after ``process_weights_after_loading``,
-    once this rank's staging is gone: host_release's step (attributes, unused vocabulary
-    copies, ``gc.collect()`` and ``malloc_trim``) runs inside the locked section, or just
-    gc and the trim when host_release is off; at the end of ``Worker.load_model`` if
+    single weight was read. If so, the slots are as many ranks' staging as the host's
+    room holds (``memory.room``: MemAvailable, or the container's cgroup limit less its
+    usage where smaller), 1 to the ranks on the host; the first rank of the engine to
+    decide writes the number into the lock directory (``host_lock.agree``) and the
+    others read it, so all queue on one semaphore. All ranks fitting means no lock.
+    ``--max-parallel-loading-workers N`` or ``VLLM_XPU_MEMFIX_LOAD_SLOTS`` set the
+    number instead. The rank then takes one of N slots of a host-wide semaphore of file
+    locks (``host_lock``) before the weights are read. The slot is given back right
+    after ``process_weights_after_loading``, once this rank's staging is gone:
+    host_release's step (attributes, unused vocabulary copies, ``gc.collect()`` and
+    ``malloc_trim``) runs inside the locked section, or just gc and the trim when
+    host_release is off; at the end of ``Worker.load_model`` if
     loading failed. No collective runs between those points: the section is the
     loader's construction, weight reading and per-layer processing of one rank
     (docs/load-lock.md shows it per vLLM version). A rank that waited
@@ -35,9 +42,11 @@ Targets
     ``vllm.v1.worker.gpu_worker:Worker.load_model`` (XPUWorker and CPUWorker inherit it).
 Switch
     ``VLLM_XPU_MEMFIX_LOAD_LOCK`` (auto: on where a rank stages its whole shard on the
-    host or ``--max-parallel-loading-workers`` is given; on: always; off: never);
-    ``VLLM_XPU_MEMFIX_LOAD_SLOTS``, ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S``,
-    ``VLLM_XPU_MEMFIX_LOAD_SCOPE`` (host | instance), ``VLLM_XPU_MEMFIX_LOCK_DIR``.
+    host and the room does not hold every rank's, or ``--max-parallel-loading-workers``
+    is given; on: always; off: never); ``VLLM_XPU_MEMFIX_LOAD_SLOTS`` (auto: from the
+    room), ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S``, ``VLLM_XPU_MEMFIX_LOAD_SCOPE`` (host |
+    instance), ``VLLM_XPU_MEMFIX_LOCK_DIR``; ``VLLM_XPU_MEMFIX_SYSROOT`` roots the room's
+    reads.
 Upstream
     vLLM: honour ``max_parallel_loading_workers`` in the multiprocessing executor with a
     node-local lock around the same section; llm-scaler: stream the legacy path, or
@@ -61,6 +70,7 @@ from vllm_xpu_memfix.units import MiB
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
     from vllm_xpu_memfix.host_lock import Holding, HostSemaphore
+    from vllm_xpu_memfix.memory.room import Room
 
 logger = get_logger("load_lock")
 
@@ -76,6 +86,15 @@ _LOADER = "vllm.model_executor.model_loader.base_loader"
 # world group, instanttensor on the world device group; 0.34 runai_streamer_loader).
 COLLECTIVE_LOAD_FORMATS = ("runai_streamer", "fastsafetensors", "instanttensor")
 ONLINE_QUANTIZATION = "vllm.model_executor.layers.quantization.online"
+# A rank's host peak while it loads, per byte of BF16 it stages: with the lock off, the
+# test bed's TP 2 legacy load peaked 2,891 MiB above process start for two 960 MiB
+# shards, 1.51x (docs/load-lock.md): per-layer quantization temporaries (fp32 upcast,
+# int4 and scales), the unquantized layers and allocator slack come on top of the shard.
+PEAK_PER_STAGED_BYTE = 1.5
+# The share of the room the loading ranks may plan to fill. The rest is for what grows
+# meanwhile and is not in the figure: other processes, the checkpoint's page cache in a
+# container (charged to its cgroup), and MemAvailable being the kernel's estimate.
+ROOM_SHARE = 0.8
 
 
 def host_staged_bytes(model: Any) -> tuple[int, int]:
@@ -127,6 +146,51 @@ def collective_in_section(model: Any, vllm_config: Any) -> str | None:
     return None
 
 
+def ranks_on_host(vllm_config: Any) -> int:
+    parallel = vllm_config.parallel_config
+    return max(1, parallel.world_size // max(1, getattr(parallel, "nnodes", 1)))
+
+
+def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
+    """How many ranks' staging the room holds (1 to ``ranks``), and the line saying why.
+    A room that could not be read gives 1, the choice that cannot overfill the host."""
+    per_rank = staging * PEAK_PER_STAGED_BYTE
+    measured = (
+        f"{room.describe()}, staging {staging / MiB:,.1f} MiB per rank (peak taken as "
+        f"{PEAK_PER_STAGED_BYTE}x it, within {ROOM_SHARE:.0%} of the room), {ranks} ranks "
+        "on this host"
+    )
+    if room.bytes is None:
+        return 1, f"{measured} -> 1 slot(s): the conservative choice"
+    fits = int(room.bytes * ROOM_SHARE // per_rank) if per_rank > 0 else ranks
+    slots = min(ranks, max(1, fits))
+    if slots == ranks:
+        reason = f"every rank's staging fits at once, so the {ranks} ranks load unserialised"
+    elif fits < 1:
+        reason = "not even one rank's staging fits; one rank loads at a time"
+    else:
+        reason = f"the room holds {fits} of the {ranks} ranks' staging at once"
+    return slots, f"{measured} -> {slots} slot(s): {reason}"
+
+
+def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int, str]:
+    """:func:`slots_for_room` as the engine's first rank to get here decided it: the ranks
+    may see different rooms, but must queue on one semaphore."""
+    from vllm_xpu_memfix.host_lock import agree
+    from vllm_xpu_memfix.memory.room import host_room
+    from vllm_xpu_memfix.process import instance_key, instance_token
+
+    def decide_here() -> str:
+        slots, why = slots_for_room(host_room(settings.sysroot), staged, ranks)
+        return f"{slots} {why}"
+
+    name = f"load-slots-{instance_key()}"
+    value, mine = agree(settings.lock_dir, name, instance_token(), decide_here)
+    count, _, why = value.partition(" ")
+    who = "this rank decided" if mine else "as the engine's first rank decided"
+    return (int(count) if count.isdigit() else 1), f"load lock sized from the room ({who}): {why}"
+
+
 def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None, str]:
     """How many slots to queue on (None: no lock), and why."""
     collective = collective_in_section(model, vllm_config)
@@ -137,14 +201,19 @@ def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None
     if flag:
         return int(flag), f"--max-parallel-loading-workers {flag}"
     if settings.mode(FIX) is Mode.ON:
-        return settings.load_slots, f"{FIX.env}=on"
+        return settings.load_slots or 1, f"{FIX.env}=on"
     staged, layers = host_staged_bytes(model)
-    if staged:
-        return settings.load_slots, (
-            f"this rank stages its whole BF16 shard on the host ({staged / MiB:,.1f} MiB in "
-            f"{layers} sym_int4 layers allocated on the CPU before loading)"
-        )
-    return None, "no layer buffers its weights on the host before loading"
+    if not staged:
+        return None, "no layer buffers its weights on the host before loading"
+    staging = (
+        f"this rank stages its whole BF16 shard on the host ({staged / MiB:,.1f} MiB in "
+        f"{layers} sym_int4 layers allocated on the CPU before loading)"
+    )
+    if settings.load_slots is not None:
+        return settings.load_slots, f"{staging}; {config.variable_for('load_slots').name}"
+    ranks = ranks_on_host(vllm_config)
+    slots, why = agreed_room_slots(settings, staged, ranks)
+    return (slots if slots < ranks else None), why
 
 
 def distributed_timeout_s(vllm_config: Any) -> float:
@@ -170,15 +239,22 @@ class LoadSection:
         self.holding: Holding | None = None
         self.vllm_config: Any = None
         self.rank: Any = "?"
+        self.slots = 1
 
     def enter(self, model: Any, vllm_config: Any) -> None:
         if self.holding is not None:
             return  # a second loader (a draft model) inside one section
+        from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
+
         slots, why = decide(self.settings, model, vllm_config)
+        sized = why.startswith("load lock sized")
+        if sized:
+            risky = "room unknown" in why or "not even one" in why
+            log = logger.warning if risky else logger.info
+            log("vllm-xpu-memfix: %s", why)
         if slots is None:
             logger.debug("vllm-xpu-memfix: load lock not used: %s", why)
             return
-        from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
 
         if why.startswith("--max-parallel"):
             logger.info(
@@ -194,6 +270,7 @@ class LoadSection:
             logger.error("vllm-xpu-memfix: load lock unusable, this rank loads unlocked: %s", exc)
             return
         self.semaphore, self.holding, self.vllm_config = semaphore, holding, vllm_config
+        self.slots = slots
         if not holding.acquired:
             logger.warning(
                 "vllm-xpu-memfix: load lock: gave up after %.1f s waiting for %s; loading "
@@ -204,8 +281,8 @@ class LoadSection:
             )
         else:
             logger.info(
-                "vllm-xpu-memfix: load lock taken (%s, %d slot(s)) after waiting %.1f s%s",
-                why,
+                "vllm-xpu-memfix: load lock taken (%s%d slot(s)) after waiting %.1f s%s",
+                "" if sized else f"{why}, ",  # the room's line above said why
                 slots,
                 holding.waited_s,
                 f" for {holding.waited_for}" if holding.waited_for else "",
@@ -262,8 +339,8 @@ class LoadSection:
         backend = getattr(parallel, "distributed_executor_backend", None)
         if backend != "external_launcher" and getattr(parallel, "data_parallel_size", 1) <= 1:
             return
-        ranks_per_host = max(1, parallel.world_size // max(1, getattr(parallel, "nnodes", 1)))
-        slots = getattr(parallel, "max_parallel_loading_workers", None) or self.settings.load_slots
+        ranks_per_host = ranks_on_host(self.vllm_config)
+        slots = self.slots
         waves = -(-ranks_per_host // slots)
         expected = holding.held_s * (waves - 1)
         limit = distributed_timeout_s(self.vllm_config)

@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vllm_xpu_memfix.config import shown
+
 _UNITS = {"": 1, "b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gib": 1024**3}
 # cgroup v1 reports "no limit" as a page-aligned LONG_MAX.
 _V1_UNLIMITED = 1 << 62
@@ -135,6 +137,23 @@ def anon_pss(pss_anon: int | None, pss_shmem: int | None) -> int | None:
     available. ``None`` when the kernel gives no ``Pss_Anon``.
     """
     return None if pss_anon is None else pss_anon + (pss_shmem or 0)
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """A process's memory cgroup: bytes used, the limit (None: unlimited or no memory
+    cgroup), and why a file of it could not be used (then neither figure is trusted)."""
+
+    usage: int | None = None
+    limit: int | None = None
+    problem: str | None = None
+
+    @property
+    def room(self) -> int | None:
+        """What the cgroup may still charge before its limit; None without a limit."""
+        if self.limit is None or self.usage is None or self.problem:
+            return None
+        return self.limit - self.usage
 
 
 @dataclass(frozen=True)
@@ -257,29 +276,67 @@ class ProcReader:
         text = self._read(*parts)
         return parse_key_sizes(text) if text is not None else {}
 
-    def _cgroup_memory(self, files: ProcessFiles) -> tuple[int | None, int | None]:
-        """(usage, limit) of the process's memory cgroup; limit ``None`` when unlimited."""
+    def meminfo(self) -> Mapping[str, int]:
+        """``/proc/meminfo`` in bytes per key; empty where it cannot be read."""
+        return self._keys("proc", "meminfo")
+
+    def cgroup_memory(self, pid: int | str = "self") -> CgroupMemory:
+        """The usage and limit of a process's memory cgroup, v2 or v1."""
+        return self._cgroup_memory(ProcessFiles(self, str(pid)))
+
+    def _cgroup_memory(self, files: ProcessFiles) -> CgroupMemory:
         text = files.read("cgroup") or ""
         for line in text.splitlines():
-            _, controllers, path = line.split(":", 2)
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                return CgroupMemory(problem=f"{files.directory / 'cgroup'}: {shown(line)}")
+            _, controllers, path = parts
             rel = path.lstrip("/")
             if controllers == "":
                 for base in ("sys/fs/cgroup", "sys/fs/cgroup/unified"):
-                    current = self._read(base, rel, "memory.current")
-                    if current is not None:
-                        limit = (self._read(base, rel, "memory.max") or "max").strip()
-                        return int(current), None if limit == "max" else int(limit)
+                    found = self._cgroup_files(base, rel, "memory.current", "memory.max")
+                    if found is not None:
+                        return found
             elif "memory" in controllers.split(","):
                 # Inside a container the cgroup's own directory is the mount root.
                 for directory in (rel, ""):
-                    usage = self._read("sys/fs/cgroup/memory", directory, "memory.usage_in_bytes")
-                    if usage is not None:
-                        raw = self._read("sys/fs/cgroup/memory", directory, "memory.limit_in_bytes")
-                        v1_limit = int(raw) if raw and raw.strip().isdigit() else None
-                        if v1_limit is not None and v1_limit >= _V1_UNLIMITED:
-                            v1_limit = None
-                        return int(usage), v1_limit
-        return None, None
+                    found = self._cgroup_files(
+                        "sys/fs/cgroup/memory",
+                        directory,
+                        "memory.usage_in_bytes",
+                        "memory.limit_in_bytes",
+                    )
+                    if found is not None:
+                        return found
+        return CgroupMemory()
+
+    def _cgroup_files(self, base: str, rel: str, usage: str, limit: str) -> CgroupMemory | None:
+        """The cgroup at ``base/rel``, None where it has no ``usage`` file. An unlimited
+        limit (v2 ``max``, v1's page-aligned LONG_MAX) is None; a file that is unreadable
+        or holds no number sets ``problem``."""
+        usage_path = self.root.joinpath(base, rel, usage)
+        try:
+            usage_text = self.read_text(usage_path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return CgroupMemory(problem=f"{usage_path}: {exc.strerror or exc}")
+        limit_path = self.root.joinpath(base, rel, limit)
+        try:
+            limit_text = self.read_text(limit_path).strip()
+        except OSError as exc:
+            return CgroupMemory(problem=f"{limit_path}: {exc.strerror or exc}")
+        used = usage_text.strip()
+        if not used.isdigit():
+            return CgroupMemory(problem=f"{usage_path} holds {shown(used)}, not a byte count")
+        if limit_text == "max":
+            return CgroupMemory(int(used), None)
+        if not limit_text.isdigit():
+            return CgroupMemory(
+                int(used), problem=f"{limit_path} holds {shown(limit_text)}, not a byte count"
+            )
+        bound = int(limit_text)
+        return CgroupMemory(int(used), None if bound >= _V1_UNLIMITED else bound)
 
     def drm_usage(self, pid: str) -> DrmUsage | None:
         return self._drm_usage(ProcessFiles(self, pid))
@@ -312,9 +369,9 @@ class ProcReader:
         status = parse_key_sizes(status_text) if status_text is not None else {}
         rollup_text = files.read("smaps_rollup") if pss else None
         rollup = parse_key_sizes(rollup_text) if rollup_text is not None else {}
-        cgroup_current, cgroup_max = self._cgroup_memory(files)
+        cgroup = self._cgroup_memory(files)
         drm = self._drm_usage(files)
-        meminfo = self._keys("proc", "meminfo")
+        meminfo = self.meminfo()
         vmstat_text = self._read("proc", "vmstat")
         gpu_pages = parse_vmstat(vmstat_text).get("nr_gpu_active") if vmstat_text else None
         return Snapshot(
@@ -335,8 +392,8 @@ class ProcReader:
             committed_as=meminfo.get("Committed_AS"),
             swap_total=meminfo.get("SwapTotal"),
             swap_free=meminfo.get("SwapFree"),
-            cgroup_current=cgroup_current,
-            cgroup_max=cgroup_max,
+            cgroup_current=cgroup.usage,
+            cgroup_max=cgroup.limit,
             gpu_active=None if gpu_pages is None else gpu_pages * PAGE_SIZE,
             drm=drm,
             gone=files.gone,
