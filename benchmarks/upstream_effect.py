@@ -11,12 +11,15 @@ runs the installed vLLM. Rounds alternate the arms' order; figures are medians.
   As is (the flag does nothing in vLLM 0.32) vs patched with
   ``--max-parallel-loading-workers 1``. Figure: the peak of the two workers' summed
   RssAnon, sampled every 0.1 s from outside, above the first sample that saw both.
-- ``release``: TP 1, the bf16 checkpoint; as is vs patched. Figure: RssAnon of the
-  engine-core process (which holds the worker at TP 1) at ready, after one request,
-  read from outside.
+- ``release`` and ``release-fp32``: TP 1, the bf16 checkpoint as is and with
+  ``--dtype float32``; as is vs patched. Figure: RssAnon of the
+  worker process at ready, after one request, read from outside (the figure
+  benchmarks/host_release.py reads from the plugin's ledger inside the worker).
 
     .venv/bin/python benchmarks/upstream_effect.py --rounds 3 [--cases load,release] \
         [--model DIR] [--out FILE.md]
+
+(``--cases release,release-fp32`` for the host release alone.)
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ CASES: dict[str, dict[str, tuple[dict[str, str], list[str]]]] = {
         "as is": ({"VLLM_PLUGINS": ""}, []),
         "patched": ({"VLLM_PLUGINS": ""}, []),
     },
+    "release-fp32": {
+        "as is": ({"VLLM_PLUGINS": ""}, ["--dtype", "float32"]),
+        "patched": ({"VLLM_PLUGINS": ""}, ["--dtype", "float32"]),
+    },
 }
 
 
@@ -78,10 +85,14 @@ class WorkerPeak(threading.Thread):
             self.peak = max(self.peak, sum(rss))
 
 
-def engine_core_rss_anon(server: Server) -> int:
+def worker_rss_anon(server: Server) -> int:
+    """RssAnon of the worker process (the CPU build runs one beside the engine core even
+    at TP 1), else of the engine core that holds the worker."""
     assert server.process is not None
     rows, _ = Sampler(server.process.pid).sample()
-    return sum(r["rss_anon"] or 0 for r in rows if r["role"] == "engine_core")
+    workers = [r["rss_anon"] or 0 for r in rows if r["role"] == "worker"]
+    cores = [r["rss_anon"] or 0 for r in rows if r["role"] == "engine_core"]
+    return sum(workers or cores)
 
 
 def measure(case: str, arm: str, model: Path, patched: Path, workdir: Path) -> float:
@@ -104,7 +115,7 @@ def measure(case: str, arm: str, model: Path, patched: Path, workdir: Path) -> f
         server.wait_ready(timeout_s=400)
         server.complete("Hello", max_tokens=4)
         time.sleep(1)
-        return engine_core_rss_anon(server) / MiB
+        return worker_rss_anon(server) / MiB
 
 
 def main() -> None:
