@@ -1,7 +1,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint upstream-check
 
 setup:
 	./scripts/setup.sh
@@ -14,5 +14,10 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The vLLM patch series (docs/upstream/patches) applied to a copy of the installed
+# vLLM, and each patch's own tests run there with this plugin off.
+upstream-check: setup
+	$(BIN)/python scripts/upstream_check.py
+
+test: lint upstream-check
 	$(BIN)/pytest -v --durations=15

@@ -41,7 +41,9 @@ Upstream
     ``BaseModelLoader.load_model``, and ``remove_weight`` chosen per layer
     kind in ``UnquantizedEmbeddingMethod``; see docs/upstream/host-release.md.
 Remove when
-    ``base_loader`` gives freed host memory back itself (it mentions ``malloc_trim``).
+    ``base_loader`` gives freed host memory back itself (it mentions ``malloc_trim``, or
+    ``release_host_memory`` as in docs/upstream/patches/0002); the CPU backend's vocabulary
+    copies and the per-layer trims of Intel's ``sym_int4`` are outside that patch.
 """
 
 from __future__ import annotations
@@ -69,9 +71,9 @@ SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 # Set on a model once released, so a second release (after the load lock did it) is skipped.
 RELEASED = "_vllm_xpu_memfix_host_released"
 REMOVE_WHEN = RemoveWhen(
-    "BaseModelLoader.load_model gives freed host memory back after processing the weights",
+    "BaseModelLoader.load_model gives freed host memory back (upstream patch 0002)",
     "vllm.model_executor.model_loader.base_loader",
-    ("malloc_trim",),
+    ("malloc_trim", "release_host_memory"),
 )
 
 

@@ -44,8 +44,8 @@ Upstream
     docs/upstream/kv-headroom.md.
 Remove when
     ``gpu_worker`` accounts for the post-KV sampler burst before sizing the KV
-    cache (it mentions ``sampler_headroom``, the name the upstream write-up
-    proposes).
+    cache (it mentions ``sampler_headroom``, the name docs/upstream/patches/0003
+    adds).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ logger = get_logger("kv_headroom")
 
 FIX = config.KV_HEADROOM
 REMOVE_WHEN = RemoveWhen(
-    "the worker keeps the post-KV sampler burst out of the KV cache itself",
+    "the worker keeps the sampler burst out of the KV cache itself (upstream patch 0003)",
     "vllm.v1.worker.gpu_worker",
     ("sampler_headroom",),
 )

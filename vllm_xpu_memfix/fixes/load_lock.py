@@ -53,7 +53,7 @@ Upstream
     quantize each layer as it completes; see docs/upstream/load-lock.md.
 Remove when
     vLLM honours ``max_parallel_loading_workers`` again (``base_loader`` or the worker
-    reads it).
+    reads it): docs/upstream/patches/0001 (``limit_parallel_loading`` in ``base_loader``).
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ logger = get_logger("load_lock")
 
 FIX = config.LOAD_LOCK
 REMOVE_WHEN = RemoveWhen(
-    "vLLM limits how many ranks load at once (max_parallel_loading_workers) itself",
+    "vLLM limits how many ranks load at once itself (upstream patch 0001)",
     "vllm.model_executor.model_loader.base_loader",
-    ("max_parallel_loading_workers",),
+    ("max_parallel_loading_workers", "limit_parallel_loading"),
 )
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 _LOADER = "vllm.model_executor.model_loader.base_loader"

@@ -39,8 +39,8 @@ Upstream
     A small change to ``kernel_warmup``: hold a node-local lock around the
     process-local JIT section; see docs/upstream/warmup-lock.md.
 Remove when
-    ``kernel_warmup`` takes a node-local file lock itself (it mentions ``FileLock``
-    or ``flock``).
+    ``kernel_warmup`` takes a node-local file lock itself (it mentions ``FileLock``,
+    ``flock``, or ``take_warmup_turn`` as in docs/upstream/patches/0004).
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ SECTION_TARGETS = (
     "vllm.distributed.elastic_ep.elastic_execute:kernel_warmup",
 )
 REMOVE_WHEN = RemoveWhen(
-    "kernel_warmup holds a node-local lock around its process-local JIT section",
+    "kernel_warmup serialises its process-local section itself (upstream patch 0004)",
     MODULE,
-    ("FileLock", "flock"),
+    ("FileLock", "flock", "take_warmup_turn"),
 )
 
 
