@@ -20,9 +20,11 @@ import time
 import zipfile
 from pathlib import Path
 
-from vllm_xpu_memfix import config, fixes, warmup_section
+from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import warmup_lock
+from vllm_xpu_memfix.vllm_code import warmup_section
 
 VERSIONS = ("0.26.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PLATFORMS = (

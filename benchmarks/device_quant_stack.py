@@ -151,9 +151,9 @@ def run_arm(load: str, path: str, layers: int, moe_layers: int, rounds: int) -> 
     module = importlib.import_module(MODULE)
     assert module.LAYOUT == "0.21", "set SYM_INT4_REPLAY_LAYOUT=0.21"
     if path == "device":
-        from vllm_xpu_memfix import config
+        from vllm_xpu_memfix.core import config
+        from vllm_xpu_memfix.core.patching import Patcher
         from vllm_xpu_memfix.fixes import device_quant
-        from vllm_xpu_memfix.patching import Patcher
 
         device_quant.install(Patcher(), config.load({}))
     passes = []

@@ -46,7 +46,7 @@ import report_table
 
 from vllm_xpu_memfix.cli.demo.server import Server
 from vllm_xpu_memfix.cli.monitor import Sampler
-from vllm_xpu_memfix.units import MiB
+from vllm_xpu_memfix.core.units import MiB
 
 TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": None}
 LEGACY = {"SYM_INT4_REPLAY_LAYOUT": "0.21", "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT": "1"}

@@ -37,7 +37,7 @@ import load_lock
 
 from vllm_xpu_memfix.cli.demo.server import Server
 from vllm_xpu_memfix.cli.monitor import Sampler
-from vllm_xpu_memfix.units import MiB
+from vllm_xpu_memfix.core.units import MiB
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import upstream_check

@@ -68,7 +68,7 @@ if os.environ.get("TRIM") == "1":
         libc.malloc_trim(0)
 if os.environ.get("LOCK") == "on":
     import vllm_xpu_memfix
-    from vllm_xpu_memfix import config
+    from vllm_xpu_memfix.core import config
     from vllm_xpu_memfix.fixes import warmup_lock
     inner = warmup
     wrapper = warmup_lock._serialised("qwen_triton_warmup", config.load())

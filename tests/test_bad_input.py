@@ -29,11 +29,11 @@ from helpers.warm_ups import one_warm_up
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from vllm_xpu_memfix import config
 from vllm_xpu_memfix.cli import DEVICE_GIB, INTERVAL_S, RANKS, UTILIZATION, compat, main
 from vllm_xpu_memfix.cli.monitor import COLUMNS
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.host_lock import OWNER_READ_BYTES, HostSemaphore, LockDirError
 from vllm_xpu_memfix.fixes import load_lock, warmup_lock
-from vllm_xpu_memfix.host_lock import OWNER_READ_BYTES, HostSemaphore, LockDirError
 
 ROOT = Path(__file__).parent.parent
 NUMERIC = [v for v in config.VARIABLES if v.bounds is not None]

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix import config, fixes, overrides
+from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.cli import compat, main
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.vllm_code import overrides
 
 
 @pytest.fixture
@@ -126,7 +128,7 @@ def test_check_strict_fails_on_a_tree_without_the_targets(tmp_path, capsys, clea
 
 
 def test_check_reports_the_last_device_quant_self_check(tmp_path, capsys, clean_env, monkeypatch):
-    from vllm_xpu_memfix import int4_self_check
+    from vllm_xpu_memfix.intel import int4_self_check
 
     locks = tmp_path / "locks"
     (tmp_path / "vllm").mkdir()

@@ -1,7 +1,7 @@
 import pytest
 
-from vllm_xpu_memfix import config
-from vllm_xpu_memfix.config import ConfigError, Mode
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import ConfigError, Mode
 
 
 def test_defaults_enable_every_fix_in_auto_mode():

@@ -19,11 +19,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_xpu_memfix import config  # noqa: E402
+from vllm_xpu_memfix.core import config  # noqa: E402
+from vllm_xpu_memfix.core.patching import Patcher  # noqa: E402
 from vllm_xpu_memfix.fixes import device_quant  # noqa: E402
-from vllm_xpu_memfix.int4_self_check import probes  # noqa: E402
+from vllm_xpu_memfix.intel.int4_self_check import probes  # noqa: E402
 from vllm_xpu_memfix.kernels import q4_0_reference  # noqa: E402
-from vllm_xpu_memfix.patching import Patcher  # noqa: E402
 
 SELF_CHECK_CALLS = len(probes(128))
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix.core import config
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

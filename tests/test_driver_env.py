@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from hosts import B60, B70, NVIDIA_L4, build_host
 
-from vllm_xpu_memfix import config, driver
+from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.intel import driver
 
 
 def settings_for(root: Path, **env: str):
@@ -211,7 +212,7 @@ def guard_in_process(tmp_path, monkeypatch, caplog):
     ``at_start`` the environment it started with; returns the records and os.environ."""
     import logging
 
-    from vllm_xpu_memfix.process import ProcessRole
+    from vllm_xpu_memfix.core.process import ProcessRole
 
     for name in GUARD_NAMES:
         monkeypatch.delenv(name, raising=False)

@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from vllm_xpu_memfix import config, fixes
-from vllm_xpu_memfix.patching import Patcher, RemoveWhen, State, _PatchWrapper
+from vllm_xpu_memfix import fixes
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.patching import Patcher, RemoveWhen, State, _PatchWrapper
 
 SECTIONS = ("Problem", "Mechanism", "Targets", "Switch", "Upstream", "Remove when")
 FIX_IDS = [module.FIX.key for module in fixes.MODULES]

@@ -107,9 +107,9 @@ def test_sym_int4_layers_trigger_a_trim_every_n_mib_of_staging(monkeypatch):
     name and call shape (a layer whose .weight is the bf16 weight) plays it."""
     import types
 
-    from vllm_xpu_memfix import config
+    from vllm_xpu_memfix.core import config
+    from vllm_xpu_memfix.core.patching import Patcher
     from vllm_xpu_memfix.fixes import host_release
-    from vllm_xpu_memfix.patching import Patcher
 
     name = "vllm.model_executor.layers.quantization.sym_int4"
     stand_in = types.ModuleType(name)
@@ -146,9 +146,9 @@ def test_sym_int4_moe_sides_count_their_experts_toward_the_trim(monkeypatch):
     pytest.importorskip("vllm")
     import importlib
 
-    from vllm_xpu_memfix import config
+    from vllm_xpu_memfix.core import config
+    from vllm_xpu_memfix.core.patching import Patcher
     from vllm_xpu_memfix.fixes import host_release
-    from vllm_xpu_memfix.patching import Patcher
 
     name = "vllm.model_executor.layers.quantization.sym_int4"
     module = importlib.import_module(name)

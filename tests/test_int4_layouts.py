@@ -24,8 +24,9 @@ import types
 
 import pytest
 
-from vllm_xpu_memfix import config, int4_layouts
-from vllm_xpu_memfix.patching import Patcher
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.patching import Patcher
+from vllm_xpu_memfix.intel import int4_layouts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -129,7 +130,7 @@ def test_the_seam_layout_is_recognised_in_the_014_replay():
     code = textwrap.dedent(
         """
         import importlib, json
-        from vllm_xpu_memfix import int4_layouts
+        from vllm_xpu_memfix.intel import int4_layouts
         module = importlib.import_module("vllm.model_executor.layers.quantization.sym_int4")
         found = int4_layouts.recognise(int4_layouts.shape_of_module(module))
         print(json.dumps([found.layout.key if found.layout else None, found.why]))
@@ -309,7 +310,7 @@ def test_the_self_check_holds_the_kernel_to_the_installed_library(
     """The replay's library rounds as Intel's (fused), or the other way: device_quant
     takes the device path only where the kernel matches the module's own quantizer,
     says which comparisons ran with counts, and records them for ``check``."""
-    from vllm_xpu_memfix.int4_self_check import describe
+    from vllm_xpu_memfix.intel.int4_self_check import describe
 
     monkeypatch.setattr(replay, "ROUNDING", rounding)
     layer = layer_like()
@@ -450,9 +451,9 @@ def test_the_seam_of_the_014_replay_is_filled_unless_the_user_opted_out(opt_out,
     code = textwrap.dedent(
         """
         import importlib, json, logging, os, torch
-        from vllm_xpu_memfix import config
+        from vllm_xpu_memfix.core import config
         from vllm_xpu_memfix.fixes import device_quant
-        from vllm_xpu_memfix.patching import Patcher
+        from vllm_xpu_memfix.core.patching import Patcher
         module = importlib.import_module("vllm.model_executor.layers.quantization.sym_int4")
         device_quant.check_device = lambda: torch.device("cpu")
         lines = []

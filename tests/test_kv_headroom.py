@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.patching import Patcher
 from vllm_xpu_memfix.fixes import kv_headroom
 from vllm_xpu_memfix.memory.estimate import (
     BurstShape,
@@ -24,7 +25,6 @@ from vllm_xpu_memfix.memory.estimate import (
     estimate_sampler_burst,
     pad_vocab,
 )
-from vllm_xpu_memfix.patching import Patcher
 
 MiB = 1024**2
 GiB = 1024**3

@@ -108,8 +108,8 @@ def test_ready_is_the_first_batch_outside_the_warm_up(monkeypatch, caplog):
     pytest.importorskip("vllm")
     from vllm.v1.worker.gpu_worker import Worker
 
+    from vllm_xpu_memfix.core.patching import Patcher
     from vllm_xpu_memfix.fixes.ledger import Recorder
-    from vllm_xpu_memfix.patching import Patcher
 
     batches = []
 

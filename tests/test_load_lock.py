@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.host_lock import agree
 from vllm_xpu_memfix.fixes import load_lock
-from vllm_xpu_memfix.host_lock import agree
 from vllm_xpu_memfix.memory.room import host_room
 
 DATA = Path(__file__).parent / "data" / "proc"
@@ -284,7 +284,7 @@ def test_a_rank_that_times_out_loads_unlocked_and_names_the_holder(tmp_path, cap
 
 
 def test_a_queue_longer_than_the_collective_timeout_is_warned_about(caplog):
-    from vllm_xpu_memfix.host_lock import Holding
+    from vllm_xpu_memfix.core.host_lock import Holding
 
     section = load_lock.LoadSection(config.load({}))
     section.vllm_config = parallel(world_size=4)

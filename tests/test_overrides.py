@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from vllm_xpu_memfix import fixes, overrides
-from vllm_xpu_memfix.patching import Patch, Patcher, State
+from vllm_xpu_memfix import fixes
+from vllm_xpu_memfix.core.patching import Patch, Patcher, State
+from vllm_xpu_memfix.vllm_code import overrides
 
 pytest.importorskip("vllm")
 

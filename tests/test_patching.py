@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix.patching import Patch, Patcher, State
+from vllm_xpu_memfix.core.patching import Patch, Patcher, State
 
 SOURCE = textwrap.dedent(
     """

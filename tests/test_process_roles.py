@@ -13,8 +13,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from vllm_xpu_memfix import host_lock
-from vllm_xpu_memfix.process import current_role, environ_at_start, instance_key
+from vllm_xpu_memfix.core import host_lock
+from vllm_xpu_memfix.core.process import current_role, environ_at_start, instance_key
 
 
 def fake_ray(monkeypatch, *, initialized=True, **context) -> None:

@@ -288,7 +288,7 @@ def test_each_ray_worker_writes_its_own_ledger_file(one_engine):
 
 
 def test_the_driver_process_of_a_ray_job_is_not_a_ray_worker(ray_cluster):
-    from vllm_xpu_memfix.process import current_role
+    from vllm_xpu_memfix.core.process import current_role
 
     role = current_role()
     assert (role.role, role.ray, role.note) == ("main", None, None)

@@ -96,7 +96,8 @@ def test_switching_a_fix_off_leaves_its_targets_alone():
         env={"VLLM_XPU_MEMFIX_LEDGER": "off"},
     )
     assert result.returncode == 0, result.stderr
-    from vllm_xpu_memfix import config, fixes
+    from vllm_xpu_memfix import fixes
+    from vllm_xpu_memfix.core import config
 
     defaults = config.load({})
     expected = sorted(

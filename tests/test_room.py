@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.fixes import load_lock
 from vllm_xpu_memfix.memory.room import host_room
-from vllm_xpu_memfix.units import MiB
 
 DATA = Path(__file__).parent / "data" / "proc"
 # MemAvailable of the recorded CPU-VM meminfo, which every tree here carries.

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from helpers.warm_ups import one_warm_up
 
-from vllm_xpu_memfix import config, warmup_section
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.host_lock import HostSemaphore, LockDirError, prepare_lock_dir
 from vllm_xpu_memfix.fixes import warmup_lock
-from vllm_xpu_memfix.host_lock import HostSemaphore, LockDirError, prepare_lock_dir
+from vllm_xpu_memfix.vllm_code import warmup_section
 
 HELPERS = Path(__file__).parent / "helpers"
 
@@ -65,7 +66,7 @@ def test_with_the_fix_off_they_overlap(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from vllm_xpu_memfix.host_lock import HostSemaphore
+from vllm_xpu_memfix.core.host_lock import HostSemaphore
 with HostSemaphore(Path(sys.argv[1]), sys.argv[2], 1).hold(timeout_s=5) as holding:
     assert holding.acquired
     print("holding", flush=True)
@@ -264,7 +265,7 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
     from vllm.model_executor.warmup import kernel_warmup as module
     from vllm.v1.worker import gpu_worker
 
-    from vllm_xpu_memfix.patching import Patcher, _PatchWrapper
+    from vllm_xpu_memfix.core.patching import Patcher, _PatchWrapper
 
     lock_dir = tmp_path / "locks"
     seen: list[tuple[str, bool]] = []

@@ -18,10 +18,11 @@ import os
 import sys
 from typing import Any
 
-from vllm_xpu_memfix import config, fixes
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch, Patcher
-from vllm_xpu_memfix.process import current_role
+from vllm_xpu_memfix import fixes
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher
+from vllm_xpu_memfix.core.process import current_role
 
 __version__ = "0.1.0"
 

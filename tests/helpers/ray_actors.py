@@ -51,8 +51,8 @@ class VllmWorkerStandIn:
 
         load_general_plugins()
         import vllm_xpu_memfix
-        from vllm_xpu_memfix.host_lock import scoped_name
-        from vllm_xpu_memfix.process import current_role
+        from vllm_xpu_memfix.core.host_lock import scoped_name
+        from vllm_xpu_memfix.core.process import current_role
 
         return {
             "pid": os.getpid(),

@@ -1,4 +1,7 @@
-"""``vllm-xpu-memfix`` command line."""
+"""``vllm-xpu-memfix`` command line: check, compat, demo, doctor, monitor, plot, ray-env.
+
+May import every other part of the package; nothing imports it but the entry point.
+"""
 
 # The parser lives here; each command is the module of its name in this package
 # (check, demo, doctor, monitor, plot, ray-env as ray_env), imported only when that command runs and
@@ -12,7 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from vllm_xpu_memfix import __version__, config
+from vllm_xpu_memfix import __version__
+from vllm_xpu_memfix.core import config
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,9 +8,12 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from vllm_xpu_memfix import __version__, config, fixes, int4_self_check, overrides
+from vllm_xpu_memfix import __version__, fixes
 from vllm_xpu_memfix.cli import compat
-from vllm_xpu_memfix.overrides import INHERITS
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.intel import int4_self_check
+from vllm_xpu_memfix.vllm_code import overrides
+from vllm_xpu_memfix.vllm_code.overrides import INHERITS
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -112,8 +115,8 @@ def platform_workers(rows: list[tuple[str, str, str]]) -> str:
 
 def sym_int4_layout(root: Path) -> str:
     """The installed sym_int4's layout, read from its source, and what device_quant does."""
-    from vllm_xpu_memfix import int4_layouts
     from vllm_xpu_memfix.fixes import device_quant
+    from vllm_xpu_memfix.intel import int4_layouts
 
     source = compat.module_source(root, device_quant.MODULE)
     if source is None:

@@ -22,9 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix import config, driver, int4_self_check
-from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM, GiB
 from vllm_xpu_memfix.fixes import driver_env, load_lock
+from vllm_xpu_memfix.intel import driver, int4_self_check
 from vllm_xpu_memfix.memory import hub_cache
 from vllm_xpu_memfix.memory.checkpoint import (
     TORCH_DTYPES,
@@ -36,7 +38,6 @@ from vllm_xpu_memfix.memory.checkpoint import (
 )
 from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
-from vllm_xpu_memfix.units import STAGING_BYTES_PER_PARAM, GiB
 
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
 # call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.

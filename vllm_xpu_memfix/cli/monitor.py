@@ -27,10 +27,10 @@ from typing import IO, Any, TypeVar
 
 import psutil
 
+from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory.attribution import outside_any_process
 from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader, Snapshot
 from vllm_xpu_memfix.memory.tree import role_of
-from vllm_xpu_memfix.units import MiB
 
 COLUMNS = (
     "ts",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.units import GiB
+from vllm_xpu_memfix.core.units import GiB
 
 WIDTH_IN, HEIGHT_IN, DPI = 12, 6.5, 100
 

@@ -16,7 +16,7 @@ import importlib.util
 import json
 import os
 
-from vllm_xpu_memfix import config
+from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import driver_env
 
 

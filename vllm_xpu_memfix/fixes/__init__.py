@@ -1,4 +1,6 @@
-"""The fixes, one module each, all of one shape.
+"""The fixes, one module each, all of one shape. A fix imports only ``core``,
+``vllm_code``, ``intel``, ``memory`` and ``kernels``, never another fix; ``register()``
+and the CLI use them.
 
 Each module opens with its record (Problem / Mechanism / Targets / Switch / Upstream /
 Remove when) and defines:
@@ -24,8 +26,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from vllm_xpu_memfix import config
-from vllm_xpu_memfix.config import Settings
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.patching import Patch, Patcher
 from vllm_xpu_memfix.fixes import (
     device_quant,
     driver_env,
@@ -35,8 +38,7 @@ from vllm_xpu_memfix.fixes import (
     load_lock,
     warmup_lock,
 )
-from vllm_xpu_memfix.overrides import with_platform_overrides
-from vllm_xpu_memfix.patching import Patch, Patcher
+from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 # Installed in this order; on a shared target the later one is outermost, so the
 # ledger, last, observes what the other fixes did.

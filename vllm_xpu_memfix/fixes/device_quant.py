@@ -60,10 +60,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix import config, int4_device, int4_layouts, int4_self_check
-from vllm_xpu_memfix.config import Settings
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.intel import int4_device, int4_layouts, int4_self_check
 
 logger = get_logger("device_quant")
 

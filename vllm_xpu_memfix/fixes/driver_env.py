@@ -44,14 +44,14 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm_xpu_memfix import config
-from vllm_xpu_memfix.config import Mode, Settings
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
-from vllm_xpu_memfix.process import current_role, environ_at_start
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Mode, Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.core.process import current_role, environ_at_start
 
 if TYPE_CHECKING:
-    from vllm_xpu_memfix import driver
+    from vllm_xpu_memfix.intel import driver
 
 logger = get_logger("driver_env")
 
@@ -89,7 +89,7 @@ class Decision:
 
 def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
     """Whether to set the guard variables, and why; reads files only."""
-    from vllm_xpu_memfix import driver
+    from vllm_xpu_memfix.intel import driver
 
     user_set = {k: environ[k] for k in GUARD_ENV if k in environ}
     mode = settings.mode(FIX)
@@ -144,7 +144,7 @@ def install(_patcher: Patcher, settings: Settings) -> None:
     imports ``vllm.platforms.current_platform``; ``load_general_plugins`` runs in
     ``init_worker``); there the guard can only say so.
     """
-    from vllm_xpu_memfix import driver
+    from vllm_xpu_memfix.intel import driver
 
     role = current_role()
     decision = decide(settings, os.environ)

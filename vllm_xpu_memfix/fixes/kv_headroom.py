@@ -54,12 +54,12 @@ import functools
 import re
 from typing import TYPE_CHECKING, Any
 
-from vllm_xpu_memfix import config
-from vllm_xpu_memfix.config import Mode, Settings
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.overrides import with_platform_overrides
-from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
-from vllm_xpu_memfix.units import GiB, MiB
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Mode, Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.core.units import GiB, MiB
+from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
     from vllm_xpu_memfix.memory.estimate import BurstEstimate, BurstShape, TopKTopP

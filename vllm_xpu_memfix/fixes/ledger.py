@@ -50,12 +50,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllm_xpu_memfix import config
-from vllm_xpu_memfix.config import Settings
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.overrides import with_platform_overrides
-from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
-from vllm_xpu_memfix.process import current_role
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.core.process import current_role
+from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.memory.ledger import Ledger

@@ -61,15 +61,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_xpu_memfix import config
-from vllm_xpu_memfix.config import Mode, Settings
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.overrides import with_platform_overrides
-from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
-from vllm_xpu_memfix.units import MiB
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Mode, Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.core.units import MiB
+from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
-    from vllm_xpu_memfix.host_lock import Holding, HostSemaphore
+    from vllm_xpu_memfix.core.host_lock import Holding, HostSemaphore
     from vllm_xpu_memfix.memory.room import Room
 
 logger = get_logger("load_lock")
@@ -176,9 +176,9 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
 def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int, str]:
     """:func:`slots_for_room` as the engine's first rank to get here decided it: the ranks
     may see different rooms, but must queue on one semaphore."""
-    from vllm_xpu_memfix.host_lock import agree
+    from vllm_xpu_memfix.core.host_lock import agree
+    from vllm_xpu_memfix.core.process import instance_key, instance_token
     from vllm_xpu_memfix.memory.room import host_room
-    from vllm_xpu_memfix.process import instance_key, instance_token
 
     def decide_here() -> str:
         slots, why = slots_for_room(host_room(settings.sysroot), staged, ranks)
@@ -244,7 +244,7 @@ class LoadSection:
     def enter(self, model: Any, vllm_config: Any) -> None:
         if self.holding is not None:
             return  # a second loader (a draft model) inside one section
-        from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
+        from vllm_xpu_memfix.core.host_lock import HostSemaphore, scoped_name
 
         slots, why = decide(self.settings, model, vllm_config)
         sized = why.startswith("load lock sized")
@@ -317,7 +317,7 @@ class LoadSection:
         from vllm_xpu_memfix.memory.snapshot import take_self
 
         if model is not None and self.settings.requested(config.HOST_RELEASE):
-            from vllm_xpu_memfix.fixes.host_release import LoadedModel, release_loaded_model
+            from vllm_xpu_memfix.memory.release import LoadedModel, release_loaded_model
 
             loaded = LoadedModel(model, self.vllm_config, on_device, self.rank)
             line = release_loaded_model(loaded, self.settings)

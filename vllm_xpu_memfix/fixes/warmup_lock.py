@@ -53,13 +53,14 @@ import textwrap
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllm_xpu_memfix import config, warmup_section
-from vllm_xpu_memfix.config import Mode, Settings
-from vllm_xpu_memfix.log import get_logger
-from vllm_xpu_memfix.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Mode, Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
+from vllm_xpu_memfix.vllm_code import warmup_section
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
-    from vllm_xpu_memfix.host_lock import Holding, HostSemaphore
+    from vllm_xpu_memfix.core.host_lock import Holding, HostSemaphore
 
 logger = get_logger("warmup_lock")
 
@@ -82,7 +83,7 @@ REMOVE_WHEN = RemoveWhen(
 
 
 def semaphore(settings: Settings) -> HostSemaphore:
-    from vllm_xpu_memfix.host_lock import HostSemaphore, scoped_name
+    from vllm_xpu_memfix.core.host_lock import HostSemaphore, scoped_name
 
     name = scoped_name("warmup", settings.warmup_scope)
     return HostSemaphore(settings.lock_dir, name, settings.warmup_slots)

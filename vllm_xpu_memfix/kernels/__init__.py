@@ -1,4 +1,5 @@
-"""Device kernels of the plugin. Public API:
+"""Device kernels of the plugin; import nothing else of the package, and are used by
+``intel``, the fixes and benchmarks. Public API:
 
 - ``quantize_q4_0(weight, group_size=128) -> (qweight, scales)``
 - ``dequantize_q4_0(qweight, scales, group_size=128) -> tensor``

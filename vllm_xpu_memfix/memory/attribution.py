@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory.snapshot import Snapshot
-from vllm_xpu_memfix.units import MiB
 
 # Growth below this is treated as noise on a busy host.
 SIGNIFICANT = 128 * MiB

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_xpu_memfix.units import MiB
+from vllm_xpu_memfix.core.units import MiB
 
 
 @dataclass(frozen=True)

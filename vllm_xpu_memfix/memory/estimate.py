@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vllm_xpu_memfix.units import MiB
+from vllm_xpu_memfix.core.units import MiB
 
 ALLOCATOR_BLOCK = 512
 # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE

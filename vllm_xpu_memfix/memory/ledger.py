@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory import snapshot
 from vllm_xpu_memfix.memory.attribution import Attribution, attribute
 from vllm_xpu_memfix.memory.snapshot import Snapshot
-from vllm_xpu_memfix.units import MiB
 
 PHASES = (
     "process start",

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, ProcReader
-from vllm_xpu_memfix.units import MiB
 
 
 def _mib(value: int) -> str:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_xpu_memfix.process import instance_key
+from vllm_xpu_memfix.core.process import instance_key
 
 POLL_S = 0.05
 OWNER_READ_BYTES = 4096

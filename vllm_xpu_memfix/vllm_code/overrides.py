@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from vllm_xpu_memfix.patching import Patch, Wrapper
+from vllm_xpu_memfix.core.patching import Patch, Wrapper
 
 WORKER = "vllm.v1.worker.gpu_worker:Worker"
 # The platform worker classes of upstream vLLM that subclass Worker (module:class).

@@ -20,7 +20,7 @@ from typing import Any
 
 import wrapt
 
-from vllm_xpu_memfix.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger
 
 logger = get_logger("patching")
 

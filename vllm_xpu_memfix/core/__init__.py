@@ -1,0 +1,4 @@
+"""The plugin's own mechanics: settings, patching, host-wide locks, logging, units, roles.
+
+Imports nothing else of the package and never torch or vLLM; every other part may use it.
+"""
