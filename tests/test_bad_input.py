@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from vllm_xpu_memfix.cli import DEVICE_GIB, INTERVAL_S, RANKS, UTILIZATION, compat, main
 from vllm_xpu_memfix.cli.monitor import COLUMNS
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.host_lock import OWNER_READ_BYTES, HostSemaphore, LockDirError
 from vllm_xpu_memfix.fixes import load_lock, warmup_lock
 
@@ -103,7 +103,9 @@ def snapshot(directory: Path) -> dict[str, bytes | str]:
 
 
 def refusal_of(variable: config.Variable, raw: str) -> str:
-    return f"{variable.name}={config.shown(raw)} is not valid; accepted values: {variable.accepted}"
+    return (
+        f"{variable.name}={numbers.shown(raw)} is not valid; accepted values: {variable.accepted}"
+    )
 
 
 @pytest.mark.parametrize("variable", NUMERIC, ids=lambda v: v.name)
@@ -111,7 +113,7 @@ def refusal_of(variable: config.Variable, raw: str) -> str:
     "raw", ["nan", "inf", "-inf", "NaN", "1e29", str(10**29), "1e400", "1_0", "0x10", "", " "]
 )
 def test_non_finite_huge_or_odd_numbers_are_refused_with_name_value_and_range(variable, raw):
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(numbers.ConfigError) as err:
         config.load({variable.name: raw})
     assert str(err.value) == refusal_of(variable, raw)
 
@@ -121,14 +123,14 @@ def test_the_range_ends_are_accepted_and_one_step_beyond_is_not(variable):
     bounds = variable.bounds
     low, high = bounds.minimum, bounds.maximum
     assert getattr(config.load({variable.name: str(high)}), variable.field) == high
-    with pytest.raises(config.ConfigError):
+    with pytest.raises(numbers.ConfigError):
         config.load({variable.name: str(high + 1)})
     if bounds.above_minimum:
-        with pytest.raises(config.ConfigError):
+        with pytest.raises(numbers.ConfigError):
             config.load({variable.name: str(low)})
     else:
         assert getattr(config.load({variable.name: str(low)}), variable.field) == low
-        with pytest.raises(config.ConfigError):
+        with pytest.raises(numbers.ConfigError):
             config.load({variable.name: str(low - 1)})
 
 
@@ -137,7 +139,7 @@ def test_any_text_is_either_a_number_in_range_or_refused_with_the_exact_line(var
     bounds = variable.bounds
     try:
         value = getattr(config.load({variable.name: raw}), variable.field)
-    except config.ConfigError as exc:
+    except numbers.ConfigError as exc:
         assert str(exc) == refusal_of(variable, raw)
         return
     assert isinstance(value, int) if bounds.integer else isinstance(value, float)
@@ -145,7 +147,7 @@ def test_any_text_is_either_a_number_in_range_or_refused_with_the_exact_line(var
     assert value == (int(raw) if bounds.integer else float(raw))
 
 
-def in_range(data: Any, bounds: config.Bounds) -> float:
+def in_range(data: Any, bounds: numbers.Bounds) -> float:
     """A value ``bounds`` accepts, drawn by hypothesis."""
     if bounds.integer:
         return data.draw(st.integers(int(bounds.minimum), int(bounds.maximum)))
@@ -171,7 +173,7 @@ def test_every_number_in_range_written_plainly_is_accepted(data, variable):
 )
 def test_values_outside_the_range_are_refused(variable, value):
     assume(variable.bounds.value_of(value) is None or float(value) > variable.bounds.maximum)
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(numbers.ConfigError) as err:
         config.load({variable.name: value})
     assert str(err.value) == refusal_of(variable, value)
 
@@ -494,7 +496,7 @@ class Option(NamedTuple):
     flag: str
     shown_as: str  # as argparse names it in an error
     dest: str
-    bounds: config.Bounds
+    bounds: numbers.Bounds
     tail: tuple[str, ...] = ()
 
     def argv(self, raw: str) -> list[str]:

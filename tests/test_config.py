@@ -1,7 +1,8 @@
 import pytest
 
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.core.config import ConfigError, Mode
+from vllm_xpu_memfix.core.config import Mode
+from vllm_xpu_memfix.core.numbers import ConfigError
 
 
 def test_defaults_enable_every_fix_in_auto_mode():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hosts import B60, B70, NVIDIA_L4, build_host
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import driver
 
@@ -111,7 +111,7 @@ def test_switch_on_forces_and_off_never_sets(tmp_path):
 
 def test_bad_sysroot_is_a_clear_error(tmp_path):
     with pytest.raises(
-        config.ConfigError, match=r"VLLM_XPU_MEMFIX_SYSROOT=.*an existing directory"
+        numbers.ConfigError, match=r"VLLM_XPU_MEMFIX_SYSROOT=.*an existing directory"
     ):
         config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(tmp_path / "missing")})
 

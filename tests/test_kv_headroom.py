@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.patching import Patcher
 from vllm_xpu_memfix.fixes import kv_headroom
 from vllm_xpu_memfix.memory.estimate import (
@@ -301,7 +301,7 @@ def test_oversize_reserve_fails_with_the_numbers_and_the_ways_out(worker_with):
 
 
 def test_invalid_slack_is_a_config_error():
-    with pytest.raises(config.ConfigError, match="VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB"):
+    with pytest.raises(numbers.ConfigError, match="VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB"):
         config.load({"VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB": "-5"})
 
 

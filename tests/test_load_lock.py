@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.host_lock import agree
 from vllm_xpu_memfix.fixes import load_lock
 from vllm_xpu_memfix.memory.room import host_room
@@ -215,7 +215,7 @@ def test_vllms_online_quantization_never_queues_at_tp_above_one():
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "nan", "inf", "", "1025", str(10**29)])
 def test_bad_slot_counts_are_refused_with_the_variable_and_the_range(value):
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(numbers.ConfigError) as err:
         config.load({"VLLM_XPU_MEMFIX_LOAD_SLOTS": value})
     message = str(err.value)
     assert (

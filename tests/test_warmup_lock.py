@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.warm_ups import one_warm_up
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.host_lock import HostSemaphore, LockDirError, prepare_lock_dir
 from vllm_xpu_memfix.fixes import warmup_lock
 from vllm_xpu_memfix.vllm_code import warmup_section
@@ -171,13 +171,13 @@ def test_foreign_owned_lock_dir_is_refused(tmp_path):
 
 
 def test_relative_lock_dir_setting_is_refused():
-    with pytest.raises(config.ConfigError, match="VLLM_XPU_MEMFIX_LOCK_DIR='locks'"):
+    with pytest.raises(numbers.ConfigError, match="VLLM_XPU_MEMFIX_LOCK_DIR='locks'"):
         config.load({"VLLM_XPU_MEMFIX_LOCK_DIR": "locks"})
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
 def test_bad_slot_counts_are_refused(value):
-    with pytest.raises(config.ConfigError, match="VLLM_XPU_MEMFIX_WARMUP_SLOTS"):
+    with pytest.raises(numbers.ConfigError, match="VLLM_XPU_MEMFIX_WARMUP_SLOTS"):
         config.load({"VLLM_XPU_MEMFIX_WARMUP_SLOTS": value})
 
 

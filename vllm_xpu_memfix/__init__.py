@@ -33,7 +33,7 @@ _registered = False
 def register() -> None:
     """Entry point for ``vllm.general_plugins``. Idempotent.
 
-    Raises :class:`config.ConfigError` on an invalid switch value, which stops
+    Raises :class:`numbers.ConfigError` on an invalid switch value, which stops
     vLLM's start-up with a message naming the variable.
     """
     global _registered

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from vllm_xpu_memfix import __version__
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import numbers
+from vllm_xpu_memfix.core.numbers import Bounds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {line}; see {self.prog} --help\n")
 
 
-def _number(bounds: config.Bounds) -> Callable[[str], float]:
+def _number(bounds: Bounds) -> Callable[[str], float]:
     """An argparse type holding an option to the same rule as the plugin's variables."""
 
     def parse(text: str) -> float:
@@ -39,10 +40,10 @@ def _number(bounds: config.Bounds) -> Callable[[str], float]:
     return parse
 
 
-RANKS = config.Bounds(1, 1024, integer=True)
-UTILIZATION = config.Bounds(0, 1, above_minimum=True)
-DEVICE_GIB = config.Bounds(0, 16_384, above_minimum=True, unit="GiB")
-INTERVAL_S = config.Bounds(0.01, 3600, unit="seconds")
+RANKS = Bounds(1, 1024, integer=True)
+UTILIZATION = Bounds(0, 1, above_minimum=True)
+DEVICE_GIB = Bounds(0, 16_384, above_minimum=True, unit="GiB")
+INTERVAL_S = Bounds(0.01, 3600, unit="seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COUNT_SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-PARAMS = config.Bounds(1, 10**15)
-SCALED = config.Bounds(0, 10**15, above_minimum=True)  # before K, M, B or T
+PARAMS = Bounds(1, 10**15)
+SCALED = Bounds(0, 10**15, above_minimum=True)  # before K, M, B or T
 
 
 def _parameter_count(text: str) -> int:
@@ -156,6 +157,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = importlib.import_module(f"{__name__}.{args.command.replace('-', '_')}")
     try:
         return int(command.main(args))
-    except config.ConfigError as exc:
+    except numbers.ConfigError as exc:
         print(f"vllm-xpu-memfix: {exc}", file=sys.stderr)
         return 2

@@ -9,15 +9,15 @@ are generated from them, and a test holds the README's switch table to them.
 from __future__ import annotations
 
 import functools
-import math
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from vllm_xpu_memfix.core.numbers import MIB, SLOTS, TIMEOUT_S, Bounds, invalid
 
 PREFIX = "VLLM_XPU_MEMFIX"
 
@@ -27,10 +27,6 @@ def default_lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     if runtime:
         return Path(runtime) / "vllm-xpu-memfix"
     return Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")
-
-
-class ConfigError(ValueError):
-    """A ``VLLM_XPU_MEMFIX*`` variable holds a value the plugin does not accept."""
 
 
 class Mode(str, Enum):
@@ -73,86 +69,15 @@ class Variable:
     bounds: Bounds | None = None
 
 
-def shown(value: str, limit: int = 60) -> str:
-    """``value`` quoted for a one-line message, cut after ``limit`` characters."""
-    return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} chars)"
-
-
-def _refusal(value: str, accepted: str) -> str:
-    return f"{shown(value)} is not valid; accepted values: {accepted}"
-
-
-def _invalid(name: str, value: str, accepted: str) -> ConfigError:
-    return ConfigError(f"{name}={_refusal(value, accepted)}")
-
-
 def _choice(variable: Variable, raw: str, _environ: Mapping[str, str]) -> str:
     value = raw.strip().lower()
     if value not in variable.choices:
-        raise _invalid(variable.name, raw, variable.accepted)
+        raise invalid(variable.name, raw, variable.accepted)
     return value
 
 
 def _switch(variable: Variable, raw: str, environ: Mapping[str, str]) -> bool:
     return _choice(variable, raw, environ) in _TRUE
-
-
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-
-
-def _plain(number: float) -> str:
-    return str(int(number)) if float(number).is_integer() else repr(number)
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The one rule for every number the plugin reads, from a variable or a CLI option:
-    plain decimal digits (no ``nan``, ``inf``, ``1_000``), finite, and within
-    ``minimum``..``maximum`` (strictly above ``minimum`` when ``above_minimum``)."""
-
-    minimum: float
-    maximum: float
-    integer: bool = False
-    above_minimum: bool = False
-    unit: str = ""
-
-    @property
-    def accepted(self) -> str:
-        low, high = _plain(self.minimum), _plain(self.maximum)
-        unit = f" ({self.unit})" if self.unit else ""
-        if self.integer:
-            return f"an integer from {low} to {high}{unit}"
-        if self.above_minimum:
-            return f"a number above {low} and at most {high}{unit}"
-        return f"a number from {low} to {high}{unit}"
-
-    def value_of(self, raw: str) -> float | None:
-        """The number ``raw`` spells (an ``int`` for integers), or None when it spells
-        none within the bounds."""
-        text = raw.strip()
-        if not (_INTEGER if self.integer else _DECIMAL).fullmatch(text):
-            return None
-        try:
-            value = int(text) if self.integer else float(text)
-        except ValueError:  # more digits than int() converts
-            return None
-        if not math.isfinite(value) or not self.minimum <= value <= self.maximum:
-            return None
-        if self.above_minimum and value == self.minimum:
-            return None
-        return value
-
-    def parse(self, name: str, raw: str) -> float:
-        """:meth:`value_of`, or :class:`ConfigError` naming ``name``, ``raw`` and the range."""
-        value = self.value_of(raw)
-        if value is None:
-            raise _invalid(name, raw, self.accepted)
-        return value
-
-    def refusal(self, raw: str) -> str:
-        """Why ``raw`` is refused, without a name (a CLI parser puts the option's)."""
-        return _refusal(raw, self.accepted)
 
 
 def _number(variable: Variable, raw: str, _environ: Mapping[str, str]) -> float:
@@ -169,7 +94,7 @@ def _optional_directory(variable: Variable, raw: str, _environ: Mapping[str, str
         return None
     path = Path(raw).expanduser()
     if path.exists() and not path.is_dir():
-        raise _invalid(variable.name, raw, f"{variable.accepted}; this path is not a directory")
+        raise invalid(variable.name, raw, f"{variable.accepted}; this path is not a directory")
     return path
 
 
@@ -177,7 +102,7 @@ def _existing_directory(variable: Variable, raw: str, _environ: Mapping[str, str
     # Empty means unset, as for the other path variables: Path("") would be the cwd.
     path = Path(raw if raw.strip() else variable.default).expanduser()
     if not path.is_dir():
-        raise _invalid(variable.name, raw, "an existing directory")
+        raise invalid(variable.name, raw, "an existing directory")
     return path
 
 
@@ -185,14 +110,8 @@ def _lock_dir(variable: Variable, raw: str, environ: Mapping[str, str]) -> Path:
     if not raw.strip():
         return default_lock_dir(environ)
     if not os.path.isabs(raw):
-        raise _invalid(variable.name, raw, variable.accepted)
+        raise invalid(variable.name, raw, variable.accepted)
     return Path(raw)
-
-
-SLOTS = Bounds(1, 1024, integer=True)
-# A day: a finite wait, so start-up never hangs on the plugin.
-TIMEOUT_S = Bounds(0, 86_400, above_minimum=True, unit="seconds")
-MIB = Bounds(0, 1 << 20, integer=True, unit="MiB")  # up to 1 TiB
 
 
 AUTO_SLOTS = "auto"
@@ -205,7 +124,7 @@ def _slots_or_auto(variable: Variable, raw: str, environ: Mapping[str, str]) -> 
     assert variable.bounds is not None
     value = variable.bounds.value_of(raw)
     if value is None:
-        raise _invalid(variable.name, raw, variable.accepted)
+        raise invalid(variable.name, raw, variable.accepted)
     return int(value)
 
 
@@ -421,7 +340,7 @@ def _mode(variable: Variable, raw: str, _environ: Mapping[str, str]) -> Mode:
     try:
         return Mode(raw.strip().lower())
     except ValueError:
-        raise _invalid(variable.name, raw, variable.accepted) from None
+        raise invalid(variable.name, raw, variable.accepted) from None
 
 
 SWITCHES: dict[str, Variable] = {

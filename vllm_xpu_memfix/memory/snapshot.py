@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_xpu_memfix.core.config import shown
+from vllm_xpu_memfix.core.numbers import shown
 
 _UNITS = {"": 1, "b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gib": 1024**3}
 # cgroup v1 reports "no limit" as a page-aligned LONG_MAX.
