@@ -21,36 +21,34 @@ import os
 import sys
 from collections.abc import Mapping
 
-from vllm_xpu_memfix.cli.doctor import sections
-from vllm_xpu_memfix.cli.doctor.advice import advise, notes_for
-from vllm_xpu_memfix.cli.doctor.facts import RELEVANT_ENV, ServeArgs, measure
-from vllm_xpu_memfix.cli.doctor.predict import decide
-from vllm_xpu_memfix.cli.doctor.render import Report, render
+from vllm_xpu_memfix.cli.doctor import advice, facts, predict, render, sections
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 
 
-def diagnose(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Report:
-    measured = measure(settings, args, environ)
-    estimate = decide(measured, args, environ)
-    return Report(
+def diagnose(
+    settings: Settings, args: facts.ServeArgs, environ: Mapping[str, str]
+) -> render.Report:
+    measured = facts.measure(settings, args, environ)
+    estimate = predict.decide(measured, args, environ)
+    return render.Report(
         host=sections.host_section(measured.snap, measured.room),
         gpus=sections.gpu_section(measured),
-        environment={k: environ[k] for k in RELEVANT_ENV if k in environ},
+        environment={k: environ[k] for k in facts.RELEVANT_ENV if k in environ},
         plugin=sections.plugin_section(settings),
         model=sections.model_section(measured, estimate, args),
         per_rank=estimate.per_rank,
         total=estimate.total,
         verdict=estimate.verdict,
         main_cause=estimate.main_cause,
-        changes=advise(measured, estimate, args, environ),
-        notes=notes_for(measured, estimate, args),
+        changes=advice.advise(measured, estimate, args, environ),
+        notes=advice.notes_for(measured, estimate, args),
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    serve = ServeArgs(
+    serve = facts.ServeArgs(
         model=args.model or None,
         tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -67,5 +65,5 @@ def main(args: argparse.Namespace) -> int:
         message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
         print(f"doctor: {message}", file=sys.stderr)
         return 2
-    print(report.to_json() if args.json else render(report, serve))
+    print(report.to_json() if args.json else render.render(report, serve))
     return 0
