@@ -1,0 +1,187 @@
+"""Each step of doctor alone: facts from a constructed host tree, the estimate and the
+advice from hand-built facts (no host read), the text from a hand-built report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from hosts import B70, build_host
+
+from vllm_xpu_memfix.cli.doctor import advice, facts, predict, render
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.fixes.driver_env import Decision
+from vllm_xpu_memfix.intel.driver import Gpu
+from vllm_xpu_memfix.memory.checkpoint import checkpoint_from_params
+from vllm_xpu_memfix.memory.room import Room
+from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
+
+GiB = 1024**3
+TP4 = facts.ServeArgs(model=None, tensor_parallel_size=4, gpu_memory_utilization=0.9)
+
+
+def four_b70(room_gib: float = 64, guard_applies: bool = False) -> facts.Measurement:
+    """Four visible B70 (32 GiB each) on a runtime taken as affected, no model."""
+    gpus = [Gpu(f"card{i}", 0xE223, f"0000:0{i}:00.0", 32 * GiB) for i in range(4)]
+    return facts.Measurement(
+        snap=Snapshot(ts=0.0, pid=1, mem_available=int(room_gib * GiB)),
+        gpus=gpus,
+        visible=gpus,
+        runtime=None,
+        level_zero_loader=None,
+        guard=Decision(apply=guard_applies, reason="hand-built"),
+        device_bytes=32 * GiB,
+        device_source="hand-built",
+        ckpt=None,
+        model_label="",
+        legacy=(False, f"{facts.OFFLOAD} unset: one layer in flight"),
+        room=Room(int(room_gib * GiB), CgroupMemory()),
+        load_slots=None,
+    )
+
+
+def test_facts_read_the_gpus_device_memory_and_room_from_a_host_tree(tmp_path):
+    host = build_host(tmp_path / "host", [B70] * 2, mem_available_gib=100, vram_gib=24)
+    settings = config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(host)})
+    measured = facts.measure(settings, replace(TP4, tensor_parallel_size=2), {})
+    assert measured.visible_battlemage == 2
+    assert (measured.device_bytes, measured.device_source) == (
+        24 * GiB,
+        "sysfs physical_vram_size_bytes",
+    )
+    assert measured.room.bytes == 100 * GiB
+    assert measured.ckpt is None and measured.load_slots is None
+
+
+def test_facts_take_a_bare_parameter_count_in_the_dtype_asked_for():
+    ckpt, label = facts.read_model(facts.ServeArgs(model=None, params=10**9, dtype="float16"))
+    assert label == "--params" and ckpt is not None
+    assert (ckpt.dtype, ckpt.total_bytes) == ("F16", 2 * 10**9)
+    assert facts.read_model(facts.ServeArgs(model=None)) == (None, "")
+
+
+def test_facts_give_the_load_slots_the_switch_and_the_flag_ask_for():
+    room = Room(64 * GiB, CgroupMemory())
+    on = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "on"})
+    off = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "off"})
+    assert facts.load_slots(on, TP4, False, room, 0.0) == 1
+    assert facts.load_slots(off, TP4, True, room, 0.0) is None
+    flagged = replace(TP4, max_parallel_loading_workers=2)
+    assert facts.load_slots(on, flagged, False, room, 0.0) == 2
+
+
+def test_predict_counts_the_mirror_on_each_rank_until_the_guard_applies():
+    estimate = predict.decide(four_b70(), TP4, {})
+    mirror = 32 * GiB * 0.9
+    assert estimate.mirror_active and estimate.per_rank["driver_mirror"] == mirror
+    assert estimate.need == 4 * (mirror + predict.BASELINE_PER_RANK)
+    assert (estimate.verdict, estimate.main_cause) == ("will run out of memory", "driver mirror")
+
+    guarded = predict.decide(four_b70(guard_applies=True), TP4, {})
+    assert not guarded.mirror_active and guarded.per_rank["driver_mirror"] == 0
+    assert guarded.need == 4 * predict.BASELINE_PER_RANK
+    assert (guarded.verdict, guarded.main_cause) == ("fits", "process baseline")
+
+
+def test_predict_lets_only_the_ranks_with_a_load_slot_stage_a_legacy_shard():
+    ckpt = checkpoint_from_params(8 * 10**9, "BF16")
+    measured = replace(
+        four_b70(guard_applies=True), ckpt=ckpt, legacy=(True, "legacy"), load_slots=1
+    )
+    args = replace(TP4, quantization="sym_int4")
+    estimate = predict.decide(measured, args, {})
+    shard = ckpt.total_bytes / 4
+    assert estimate.per_rank["quantization_staging"] == shard
+    assert estimate.causes["quantization staging"] == shard  # one rank at a time, not four
+    assert "lets 1 of 4 ranks stage at once" in estimate.staging_why
+
+    unlocked = predict.decide(replace(measured, load_slots=None), args, {})
+    assert unlocked.causes["quantization staging"] == 4 * shard
+
+
+def test_advice_puts_the_guard_first_and_offers_a_utilisation_that_fits():
+    measured = four_b70()
+    estimate = predict.decide(measured, TP4, {})
+    changes = advice.advise(measured, estimate, TP4, {})
+    assert changes[0].startswith("let the plugin set NEOReadDebugKeys=1 EnableDeferBacking=0")
+    # 0.85 x 64 GiB room less 4 x 3.5 GiB baseline, over 4 x 32 GiB of device memory.
+    assert changes[1] == "or keep the mirror and lower --gpu-memory-utilization to 0.32"
+
+    user_set = replace(measured, guard=Decision(False, "user", user_set={"NEOReadDebugKeys": "0"}))
+    assert advice.advise(user_set, estimate, TP4, {})[0].startswith("unset NEOReadDebugKeys:")
+
+
+def test_advice_falls_back_to_more_ram_and_notes_an_unreadable_room():
+    measured = replace(
+        four_b70(guard_applies=True), room=Room(None, CgroupMemory(problem="denied"))
+    )
+    estimate = predict.decide(measured, TP4, {})
+    assert estimate.verdict == "will run out of memory"
+    assert advice.advise(measured, estimate, TP4, {}) == [
+        "add host RAM, or serve on fewer GPUs per host"
+    ]
+    assert advice.notes_for(measured, estimate, TP4) == [
+        "the host's room could not be read (cgroup unreadable (denied)): taken as 0"
+    ]
+
+
+def hand_built_report() -> render.Report:
+    return render.Report(
+        host={
+            "room": 3 * GiB,
+            "room_detail": "room 3,072 MiB (hand-built)",
+            "mem_total": 16 * GiB,
+            "mem_available": 3 * GiB,
+            "swap_total": 0,
+            "swap_free": 0,
+            "cgroup_current": None,
+            "cgroup_max": None,
+        },
+        gpus={
+            "intel_gpus": [],
+            "visible": 0,
+            "visible_battlemage": 0,
+            "device_memory_bytes": None,
+            "device_memory_source": "unknown",
+            "compute_runtime": "not found",
+            "level_zero_loader": "not found",
+            "driver_guard": "does not apply: no GPU",
+        },
+        environment={},
+        plugin={"enabled": "True", "sym_int4": "not installed", render.SELF_CHECK: "never run"},
+        model=None,
+        per_rank={
+            "device_use": 0.0,
+            "driver_mirror": 0.0,
+            "quantization_staging": 512 * 2**20,
+            "process_baseline": 3.5 * GiB,
+        },
+        total={"host_need": 4 * GiB, "page_cache": 0.0},
+        verdict="will run out of memory",
+        main_cause="process baseline",
+        changes=["add host RAM"],
+        notes=["hand-built"],
+    )
+
+
+def test_render_writes_each_section_and_the_verdict_with_its_changes():
+    text = render.render(hand_built_report(), facts.ServeArgs(model=None))
+    lines = text.splitlines()
+    assert "  no Intel GPU found in sysfs" in lines
+    assert "  (none of the relevant variables is set)" in lines
+    assert "  enabled=True" in lines  # the long entries get lines of their own
+    assert f"  {render.SELF_CHECK}: never run" in lines
+    assert "  host: quant. staging   512 MiB" in lines
+    assert "  host: process baseline 3.5 GiB" in lines
+    assert lines[-3:] == [
+        "Verdict: WILL RUN OUT OF MEMORY (largest part: process baseline)",
+        "  - add host RAM",
+        "  note: hand-built",
+    ]
+    assert "Model" not in lines
+
+
+def test_render_json_holds_every_field():
+    got = json.loads(hand_built_report().to_json())
+    assert got["verdict"] == "will run out of memory" and got["model"] is None
+    assert got["per_rank"]["quantization_staging"] == 512 * 2**20

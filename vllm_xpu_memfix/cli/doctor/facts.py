@@ -1,0 +1,184 @@
+"""What doctor reads: the serve command's arguments, this host, its GPUs and driver, and
+the checkpoint. Files only; nothing is loaded or started."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.fixes import driver_env, load_lock
+from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.memory import hub_cache
+from vllm_xpu_memfix.memory.checkpoint import (
+    TORCH_DTYPES,
+    Checkpoint,
+    CheckpointError,
+    checkpoint_from_params,
+    read_checkpoint,
+)
+from vllm_xpu_memfix.memory.room import Room, host_room
+from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
+
+OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
+SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
+# The variables that change how much host memory a start takes, shown when set.
+RELEVANT_ENV = (
+    "NEOReadDebugKeys",
+    "EnableDeferBacking",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+    OFFLOAD,
+)
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    model: str | None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.92
+    quantization: str | None = None
+    dtype: str | None = None
+    device_memory_gib: float | None = None
+    max_parallel_loading_workers: int | None = None
+    params: int | None = None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the files say: this host, its GPUs and driver, and the checkpoint."""
+
+    snap: Snapshot
+    gpus: list[driver.Gpu]
+    visible: list[driver.Gpu]
+    runtime: driver.Runtime | None
+    level_zero_loader: str | None
+    guard: driver_env.Decision
+    device_bytes: int | None
+    device_source: str
+    ckpt: Checkpoint | None
+    model_label: str
+    legacy: tuple[bool, str]
+    room: Room
+    load_slots: int | None
+
+    @property
+    def visible_battlemage(self) -> int:
+        return sum(g.is_battlemage for g in self.visible)
+
+    @property
+    def runtime_affected(self) -> bool:
+        return self.runtime is None or self.runtime.affected
+
+
+def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[int | None, str]:
+    if override_gib is not None:
+        return int(override_gib * GiB), "--device-memory-gib"
+    sizes = [g.vram_bytes for g in gpus if g.vram_bytes]
+    if sizes:
+        return min(sizes), "sysfs physical_vram_size_bytes"
+    known = [
+        driver.KNOWN_PRODUCTS[g.device_id][1] for g in gpus if g.device_id in driver.KNOWN_PRODUCTS
+    ]
+    if known:
+        return min(known) * GiB, "product table (assumed)"
+    return None, "unknown: pass --device-memory-gib"
+
+
+def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether sym_int4 will buffer each rank's whole 16-bit shard on the host, and why.
+
+    Only where the installed module reads ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT``: the 0.14
+    and 0.21 images' does; the 0.26 images' no longer does, though their Dockerfiles
+    still set it (llm-scaler #672).
+    """
+    from vllm_xpu_memfix.cli import compat
+
+    if environ.get(OFFLOAD) != "1":
+        return False, f"{OFFLOAD} unset: one layer in flight"
+    root = compat.installed_vllm_root()
+    source = compat.module_source(root, SYM_INT4) if root is not None else None
+    if source is None:
+        return False, f"{OFFLOAD}=1, but no sym_int4 is installed here to read it"
+    if OFFLOAD not in source:
+        return False, f"{OFFLOAD}=1 is stale: this sym_int4 never reads it (llm-scaler #672)"
+    return True, f"{OFFLOAD}=1: sym_int4's legacy load holds the whole 16-bit shard"
+
+
+def load_slots(
+    settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, shard: float
+) -> int | None:
+    """How many ranks the load lock lets stage at once; None where it stays off. Sized
+    from the room as the lock sizes it, with the shard's bytes for the staging."""
+    if not settings.requested(config.LOAD_LOCK):
+        return None
+    if args.max_parallel_loading_workers:
+        return args.max_parallel_loading_workers
+    if settings.mode(config.LOAD_LOCK) is config.Mode.ON:
+        return settings.load_slots or 1
+    if not holds_shard:
+        return None
+    if settings.load_slots is not None:
+        return settings.load_slots
+    slots, _ = load_lock.slots_for_room(room, shard, args.tensor_parallel_size)
+    return slots if slots < args.tensor_parallel_size else None
+
+
+def _params_dtype(args: ServeArgs) -> str:
+    """The checkpoint dtype assumed for a bare parameter count: --dtype's, else BF16."""
+    return TORCH_DTYPES.get((args.dtype or "").removeprefix("torch."), "BF16")
+
+
+def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
+    """The checkpoint behind ``args.model`` (a directory, else a Hugging Face id looked up
+    in the local cache) or behind ``--params`` alone, and how to name it."""
+    if args.model is None:
+        if args.params is None:
+            return None, ""
+        return checkpoint_from_params(args.params, _params_dtype(args)), "--params"
+    path = Path(args.model)
+    if path.is_dir() or path.exists() or not hub_cache.looks_like_repo_id(args.model):
+        return read_checkpoint(path, args.params), str(path)
+    try:
+        cached = hub_cache.find_cached(args.model)
+    except hub_cache.HubCacheError as exc:
+        if args.params is None:
+            raise CheckpointError(
+                f"{exc}; pass a local path, or the model's size with --params (e.g. --params 8B)"
+            ) from None
+        ckpt = checkpoint_from_params(args.params, _params_dtype(args))
+        return ckpt, f"{args.model} (not in the Hugging Face cache)"
+    return read_checkpoint(cached.snapshot, args.params, name=args.model), cached.label
+
+
+def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:
+    """Read every file doctor needs; nothing is loaded or started."""
+    snap = ProcReader(settings.sysroot).take("self", pss=False)
+    room = host_room(settings.sysroot)
+    gpus = driver.intel_gpus(settings.sysroot)
+    visible = driver.visible_gpus(gpus, environ)
+    runtime = driver.compute_runtime(settings.sysroot)
+    guard = driver_env.decide(settings, environ)
+    used = visible[: args.tensor_parallel_size] if visible else []
+    device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
+    legacy = legacy_load(environ)
+    ckpt, model_label = read_model(args)
+    shard = ckpt.total_bytes / args.tensor_parallel_size if ckpt else 0.0
+    return Measurement(
+        snap=snap,
+        gpus=gpus,
+        visible=visible,
+        runtime=runtime,
+        level_zero_loader=driver.level_zero_loader(settings.sysroot),
+        guard=guard,
+        device_bytes=device_bytes,
+        device_source=device_source,
+        ckpt=ckpt,
+        model_label=model_label,
+        legacy=legacy,
+        room=room,
+        load_slots=load_slots(settings, args, legacy[0], room, shard),
+    )

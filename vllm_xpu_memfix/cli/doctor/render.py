@@ -1,0 +1,88 @@
+"""The report doctor prints: its fields, as JSON, and as text for a person."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
+from vllm_xpu_memfix.core.units import GiB
+
+SELF_CHECK = "device_quant self-check"
+LONG_LINES = ("sym_int4", SELF_CHECK)  # plugin entries rendered on lines of their own
+
+
+@dataclass
+class Report:
+    host: dict[str, Any]
+    gpus: dict[str, Any]
+    environment: dict[str, str]
+    plugin: dict[str, str]
+    model: dict[str, Any] | None
+    per_rank: dict[str, float]
+    total: dict[str, float]
+    verdict: str
+    main_cause: str
+    changes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def gib(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / GiB:,.1f} GiB" if abs(value) >= GiB else f"{value / 2**20:,.0f} MiB"
+
+
+def render(report: Report, args: ServeArgs) -> str:
+    host, gpus = report.host, report.gpus
+    limit = "none" if host["cgroup_max"] is None else gib(host["cgroup_max"])
+    lines = [
+        "Host",
+        f"  RAM {gib(host['mem_total'])}, available {gib(host['mem_available'])}, "
+        f"swap {gib(host['swap_total'])} ({gib(host['swap_free'])} free), cgroup limit {limit}",
+        "GPUs",
+        *(f"  {gpu}" for gpu in gpus["intel_gpus"] or ["no Intel GPU found in sysfs"]),
+        f"  visible: {gpus['visible']} ({gpus['visible_battlemage']} Battlemage); device memory "
+        f"{gib(gpus['device_memory_bytes'])} ({gpus['device_memory_source']})",
+        f"  compute-runtime {gpus['compute_runtime']}; "
+        f"Level Zero loader {gpus['level_zero_loader']}",
+        f"  driver guard {gpus['driver_guard']}",
+        "Environment",
+        *(f"  {k}={v}" for k, v in report.environment.items()),
+        *([] if report.environment else ["  (none of the relevant variables is set)"]),
+        "Plugin switches",
+        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items() if k not in LONG_LINES),
+        *(f"  {key}: {report.plugin[key]}" for key in LONG_LINES if key in report.plugin),
+    ]
+    if report.model:
+        model = report.model
+        size_from = (
+            "" if model["size_from"] == "safetensors headers" else f" (from {model['size_from']})"
+        )
+        lines += [
+            "Model",
+            f"  {model['model']}: {model['shards']} shard(s) read, "
+            f"{gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
+            f"weights on each device {gib(model['device_weight_bytes_per_rank'])}",
+        ]
+    per_rank = report.per_rank
+    lines += [
+        f"Per rank (TP {args.tensor_parallel_size}, "
+        f"--gpu-memory-utilization {args.gpu_memory_utilization})",
+        f"  device memory in use   {gib(per_rank['device_use'])}",
+        f"  host: driver mirror    {gib(per_rank['driver_mirror'])}",
+        f"  host: quant. staging   {gib(per_rank['quantization_staging'])}",
+        f"  host: process baseline {gib(per_rank['process_baseline'])}",
+        "Host total",
+        f"  need {gib(report.total['host_need'])} + checkpoint page cache "
+        f"{gib(report.total['page_cache'])} (reclaimable), "
+        f"against the {report.host['room_detail']}",
+        f"Verdict: {report.verdict.upper()} (largest part: {report.main_cause})",
+        *(f"  - {change}" for change in report.changes),
+        *(f"  note: {note}" for note in report.notes),
+    ]
+    return "\n".join(lines)
