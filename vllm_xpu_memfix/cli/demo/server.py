@@ -23,6 +23,15 @@ from typing import IO, Any
 # On the CPU build an unset KV size is derived from NUMA-node memory, which is
 # not reproducible on small VMs; the demo fixes it (GiB).
 CPU_DEFAULT_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# Its sitecustomize asks Linux for the AMX tile state in every process the server starts:
+# vLLM 0.32's CPU build uses AMX without asking and dies of SIGILL on AMX CPUs otherwise.
+AMX_SITE = Path(__file__).resolve().parent / "amx_site"
+
+
+def with_amx_site(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with :data:`AMX_SITE` first on ``PYTHONPATH``."""
+    path = [str(AMX_SITE), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**env, "PYTHONPATH": os.pathsep.join(path)}
 
 
 class ServerError(RuntimeError):
@@ -53,7 +62,7 @@ class Server:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         merged = {**os.environ, **CPU_DEFAULT_ENV, **(env or {})}
-        self.env = {k: v for k, v in merged.items() if v is not None}  # None: unset it
+        self.env = with_amx_site({k: v for k, v in merged.items() if v is not None})  # None: unset
         # The vllm-cpu distribution is not named "vllm", so the `vllm` console
         # script cannot read its own version; the module entry point works.
         self.argv = [
