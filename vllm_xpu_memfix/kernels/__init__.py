@@ -4,10 +4,12 @@
 - ``quantize_q4_0(weight, group_size=128) -> (qweight, scales)``
 - ``dequantize_q4_0(qweight, scales, group_size=128) -> tensor``
 
-Symmetric int4 in GGML's Q4_0 round-to-nearest, packed as llm-scaler's ``sym_int4``
-stores it (see ``q4_0_reference`` for the format and its edge cases). Tensors on
-the CPU go to the torch reference; tensors on a CUDA or XPU device go to the
-Triton kernels, which are bit-identical to it. Triton is optional: without it a
+Symmetric int4 in GGML's Q4_0 round-to-nearest, with the fused rounding of Intel's
+compiled library, packed as llm-scaler's ``sym_int4`` stores it (see
+``q4_0_reference`` for the format and its edge cases). Tensors on the CPU go to the
+torch reference; tensors on a CUDA or XPU device go to the Triton kernels. Both
+reproduce the library's outputs recorded in tests/data/q4_0_golden (the reference in
+CI, the Triton kernel on an H200; not yet run on XPU). Triton is optional: without it a
 device tensor raises :class:`KernelUnavailable`, with the reason.
 """
 
