@@ -141,8 +141,8 @@ def test_check_reports_the_last_device_quant_self_check(tmp_path, capsys, clean_
 
     assert "none recorded yet" in line()
     found = int4_self_check.Comparison("near-tie probe 60x128 bf16", 960, 37, 0)
-    record = int4_self_check.record([found], "xpu:0", object(), False, "differs in 37 of 960")
-    int4_self_check.write_record(locks, record)
+    outcome = int4_self_check.SelfCheck("xpu:0", "a library", [found], "differs in 37 of 960")
+    int4_self_check.write_record(locks, outcome.record())
     assert "(pid" in line() and "host path kept: differs in 37 of 960" in line()
     (locks / int4_self_check.RECORD).write_text("{not json")
     assert "unreadable (JSONDecodeError)" in line()

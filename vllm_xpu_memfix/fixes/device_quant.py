@@ -62,6 +62,7 @@ from typing import Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.host_lock import LockDirError
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.intel import int4_device, int4_layouts, int4_self_check
@@ -122,15 +123,12 @@ def _decide(record_dir: Path) -> tuple[bool, str]:
         return False, "no XPU or CUDA device in this process"
     if device.type != "cpu" and (reason := triton_unavailable()) is not None:
         return False, reason
-    comparisons, problem = int4_self_check.run(module, device)
-    use = problem is None
-    why = f"self-check on {device} {int4_self_check.matched(comparisons, module)}"
+    outcome = int4_self_check.run(module, device)
     try:
-        record = int4_self_check.record(comparisons, device, module, use, problem or why)
-        int4_self_check.write_record(record_dir, record)
-    except OSError as exc:  # the record serves check; the decision stands without it
+        int4_self_check.write_record(record_dir, outcome.record())
+    except (OSError, LockDirError) as exc:  # the record serves check; the decision stands
         logger.debug("vllm-xpu-memfix: self-check record not written: %s", exc)
-    return use, problem or why
+    return outcome.passed, outcome.why
 
 
 def patches(settings: Settings) -> tuple[Patch, ...]:

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.core.host_lock import prepare_lock_dir
+
 RECORD = "device-quant-self-check.json"
 RANDOM_SHAPE = (64, 512)
 LIBRARY_VARIABLE = "VLLM_QUANTIZE_Q40_LIB"
@@ -78,8 +80,10 @@ def probes(group: int) -> list[tuple[str, Any]]:
     ]
 
 
-def compare(module: Any, device: Any, probe: str, weight: Any, group: int) -> Comparison:
-    """One probe through the module's host quantizer and the kernel."""
+def compare(
+    module: Any, device: Any, probe: str, weight: Any, group: int, library: str
+) -> Comparison:
+    """One probe through the module's host quantizer (``library`` names it) and the kernel."""
     import torch
 
     from vllm_xpu_memfix.kernels import quantize_q4_0
@@ -92,7 +96,7 @@ def compare(module: Any, device: Any, probe: str, weight: Any, group: int) -> Co
             weight.float().contiguous(), qweight, scales, n, k, block_size=group, transpose=False
         )
     except Exception as exc:  # the C library is loaded lazily and may be missing
-        raise SelfCheckFailed(f"{library_of(module)} failed on the {probe}", exc) from exc
+        raise SelfCheckFailed(f"{library} failed on the {probe}", exc) from exc
     try:
         device_q, device_s = (t.cpu() for t in quantize_q4_0(weight.to(device), group))
     except Exception as exc:
@@ -105,33 +109,63 @@ def compare(module: Any, device: Any, probe: str, weight: Any, group: int) -> Co
     )
 
 
-def run(module: Any, device: Any) -> tuple[list[Comparison], str | None]:
-    """The comparisons made and why the kernel cannot be trusted (None: identical)."""
+@dataclass(frozen=True)
+class SelfCheck:
+    """The comparisons made on ``device`` against ``library``, and why the kernel cannot
+    be trusted (None: identical)."""
+
+    device: Any
+    library: str
+    comparisons: list[Comparison]
+    problem: str | None
+
+    @property
+    def passed(self) -> bool:
+        return self.problem is None
+
+    @property
+    def why(self) -> str:
+        if self.problem is not None:
+            return self.problem
+        checked = " and ".join(f"{c.words:,} words of a {c.probe}" for c in self.comparisons)
+        return f"self-check on {self.device} matched {self.library} bit for bit on {checked}"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "library": self.library,
+            "comparisons": [asdict(c) for c in self.comparisons],
+            "device_path": self.passed,
+            "why": self.why,
+        }
+
+
+def run(module: Any, device: Any) -> SelfCheck:
     group = int(getattr(module, "QK4_GROUP_SIZE", 128))
-    library = library_of(module)
+    library = library_of(module)  # hashes the library file once
     done: list[Comparison] = []
     for probe, weight in probes(group):
         try:
-            done.append(compare(module, device, probe, weight, group))
+            done.append(compare(module, device, probe, weight, group, library))
         except SelfCheckFailed as failed:
-            return done, str(failed)
+            return SelfCheck(device, library, done, str(failed))
     if all(c.identical for c in done):
-        return done, None
+        return SelfCheck(device, library, done, None)
     found = "; ".join(c.summary() for c in done)
-    return done, (
-        f"the device kernel differs from {library} in {found}: they round x * id + 8.5 differently"
+    return SelfCheck(
+        device,
+        library,
+        done,
+        f"the device kernel differs from {library} in {found}: they round x * id + 8.5 differently",
     )
 
 
-def matched(comparisons: list[Comparison], module: Any) -> str:
-    checked = " and ".join(f"{c.words:,} words of a {c.probe}" for c in comparisons)
-    return f"matched {library_of(module)} bit for bit on {checked}"
-
-
 def write_record(directory: Path, record: dict[str, Any]) -> None:
-    """Replace the record atomically; ranks of one start may write at once."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".self-check-")
+    """Replace the record atomically in the plugin's lock directory, held to the same
+    rules as for its locks; ranks of one start may write at once."""
+    handle, temporary = tempfile.mkstemp(dir=prepare_lock_dir(directory), prefix=".self-check-")
     try:
         with os.fdopen(handle, "w") as out:
             json.dump(record, out)
@@ -140,20 +174,6 @@ def write_record(directory: Path, record: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-
-
-def record(
-    comparisons: list[Comparison], device: Any, module: Any, use: bool, why: str
-) -> dict[str, Any]:
-    return {
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "pid": os.getpid(),
-        "device": str(device),
-        "library": library_of(module),
-        "comparisons": [asdict(c) for c in comparisons],
-        "device_path": use,
-        "why": why,
-    }
 
 
 def describe(directory: Path) -> str:
