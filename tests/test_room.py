@@ -50,7 +50,7 @@ def test_v2_limit_with_room_leaves_memavailable_the_smaller():
 def test_a_tight_v2_limit_holds_one_shard_of_two():
     room = host_room(DATA / "container-v2-tight")
     assert room.bytes == 2560 * MiB  # 8 GiB limit, 5.5 GiB used, far below MemAvailable
-    slots, why = load_lock.slots_for_room(room, SHARD, 2)
+    slots, why, _ = load_lock.slots_for_room(room, SHARD, 2)
     assert slots == 1 and "room 2,560 MiB" in why and "960.0 MiB per rank" in why
     assert "the room holds 1 of the 2 ranks' staging at once" in why
     assert load_lock.slots_for_room(room, SHARD / 4, 4)[0] == 4  # a quarter shard: all fit
@@ -59,7 +59,7 @@ def test_a_tight_v2_limit_holds_one_shard_of_two():
 def test_a_full_v1_limit_gives_one_slot_and_says_not_even_one_fits():
     room = host_room(DATA / "container-v1-full")
     assert room.bytes == 96 * MiB
-    slots, why = load_lock.slots_for_room(room, SHARD, 8)
+    slots, why, _ = load_lock.slots_for_room(room, SHARD, 8)
     assert slots == 1 and "not even one rank's staging fits" in why
 
 
@@ -88,8 +88,8 @@ def test_a_garbage_file_makes_the_room_unknown_and_one_slot(tmp_path, case):
     (tree / relative).write_text(text)
     room = host_room(tree)
     assert room.bytes is None and named in room.describe()
-    slots, why = load_lock.slots_for_room(room, SHARD, 2)
-    assert slots == 1 and "room unknown" in why and "conservative" in why
+    slots, why, cramped = load_lock.slots_for_room(room, SHARD, 2)
+    assert slots == 1 and "room unknown" in why and "conservative" in why and cramped
 
 
 def test_an_unreadable_limit_makes_the_room_unknown(tmp_path):

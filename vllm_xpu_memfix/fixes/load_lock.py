@@ -59,7 +59,7 @@ Remove when
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
@@ -95,6 +95,7 @@ PEAK_PER_STAGED_BYTE = 1.5
 # meanwhile and is not in the figure: other processes, the checkpoint's page cache in a
 # container (charged to its cgroup), and MemAvailable being the kernel's estimate.
 ROOM_SHARE = 0.8
+ROOM_SIZED = "load lock sized from the room"
 
 
 def host_staged_bytes(model: Any) -> tuple[int, int]:
@@ -151,7 +152,13 @@ def ranks_on_host(vllm_config: Any) -> int:
     return max(1, parallel.world_size // max(1, getattr(parallel, "nnodes", 1)))
 
 
-def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
+class RoomSlots(NamedTuple):
+    slots: int
+    why: str
+    cramped: bool  # the room is unknown or holds not even one rank's staging: a WARNING
+
+
+def slots_for_room(room: Room, staging: float, ranks: int) -> RoomSlots:
     """How many ranks' staging the room holds (1 to ``ranks``), and the line saying why.
     A room that could not be read gives 1, the choice that cannot overfill the host."""
     per_rank = staging * PEAK_PER_STAGED_BYTE
@@ -161,7 +168,7 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
         "on this host"
     )
     if room.bytes is None:
-        return 1, f"{measured} -> 1 slot(s): the conservative choice"
+        return RoomSlots(1, f"{measured} -> 1 slot(s): the conservative choice", True)
     fits = int(room.bytes * ROOM_SHARE // per_rank) if per_rank > 0 else ranks
     slots = min(ranks, max(1, fits))
     if slots == ranks:
@@ -170,25 +177,28 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> tuple[int, str]:
         reason = "not even one rank's staging fits; one rank loads at a time"
     else:
         reason = f"the room holds {fits} of the {ranks} ranks' staging at once"
-    return slots, f"{measured} -> {slots} slot(s): {reason}"
+    return RoomSlots(slots, f"{measured} -> {slots} slot(s): {reason}", fits < 1)
 
 
 def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int, str]:
     """:func:`slots_for_room` as the engine's first rank to get here decided it: the ranks
-    may see different rooms, but must queue on one semaphore."""
+    may see different rooms, but must queue on one semaphore. Logs the decision, as a
+    WARNING where it was cramped."""
     from vllm_xpu_memfix.core.host_lock import agree
     from vllm_xpu_memfix.core.process import instance_key, instance_token
     from vllm_xpu_memfix.memory.room import host_room
 
     def decide_here() -> str:
-        slots, why = slots_for_room(host_room(settings.sysroot), staged, ranks)
-        return f"{slots} {why}"
+        found = slots_for_room(host_room(settings.sysroot), staged, ranks)
+        return f"{found.slots} {int(found.cramped)} {found.why}"
 
     name = f"load-slots-{instance_key()}"
     value, mine = agree(settings.lock_dir, name, instance_token(), decide_here)
-    count, _, why = value.partition(" ")
+    count, cramped, why = value.split(" ", 2)
     who = "this rank decided" if mine else "as the engine's first rank decided"
-    return (int(count) if count.isdigit() else 1), f"load lock sized from the room ({who}): {why}"
+    line = f"{ROOM_SIZED} ({who}): {why}"
+    (logger.warning if cramped == "1" else logger.info)("vllm-xpu-memfix: %s", line)
+    return int(count), line
 
 
 def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None, str]:
@@ -247,11 +257,6 @@ class LoadSection:
         from vllm_xpu_memfix.core.host_lock import HostSemaphore, scoped_name
 
         slots, why = decide(self.settings, model, vllm_config)
-        sized = why.startswith("load lock sized")
-        if sized:
-            risky = "room unknown" in why or "not even one" in why
-            log = logger.warning if risky else logger.info
-            log("vllm-xpu-memfix: %s", why)
         if slots is None:
             logger.debug("vllm-xpu-memfix: load lock not used: %s", why)
             return
@@ -282,7 +287,7 @@ class LoadSection:
         else:
             logger.info(
                 "vllm-xpu-memfix: load lock taken (%s%d slot(s)) after waiting %.1f s%s",
-                "" if sized else f"{why}, ",  # the room's line above said why
+                "" if why.startswith(ROOM_SIZED) else f"{why}, ",  # the room's line said why
                 slots,
                 holding.waited_s,
                 f" for {holding.waited_for}" if holding.waited_for else "",

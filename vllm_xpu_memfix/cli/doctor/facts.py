@@ -123,7 +123,7 @@ def load_slots(
         return None
     if settings.load_slots is not None:
         return settings.load_slots
-    slots, _ = load_lock.slots_for_room(room, shard, args.tensor_parallel_size)
+    slots = load_lock.slots_for_room(room, shard, args.tensor_parallel_size).slots
     return slots if slots < args.tensor_parallel_size else None
 
 
