@@ -54,9 +54,9 @@ def test_visibility_variables(tmp_path, env, visible):
 
 def test_runtime_from_dpkg_then_library_name(tmp_path):
     rt = driver.compute_runtime(build_host(tmp_path / "a", [B70], runtime="26.09.37435.1"))
-    assert (rt.build, rt.affected, rt.source) == (37435, True, "dpkg: intel-opencl-icd")
+    assert (rt.build, rt.pins_host_copy, rt.source) == (37435, True, "dpkg: intel-opencl-icd")
     old = driver.compute_runtime(build_host(tmp_path / "b", [B70], runtime="26.05.37020.3"))
-    assert (old.build, old.affected) == (37020, False)
+    assert (old.build, old.pins_host_copy) == (37020, False)
     lib = driver.compute_runtime(build_host(tmp_path / "c", [B70], runtime=None, lib_build="37435"))
     assert lib.build == 37435 and lib.source.endswith("libze_intel_gpu.so.1.14.37435")
     assert driver.compute_runtime(build_host(tmp_path / "d", [B70], runtime=None)) is None

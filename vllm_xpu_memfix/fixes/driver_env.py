@@ -112,7 +112,7 @@ def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
         apply, reason = False, f"no Intel GPU under {drm}; the mirror needs 2 or more Battlemage"
     elif bmg < 2:
         apply, reason = False, f"{bmg} Battlemage GPU(s) visible; the mirror needs 2 or more"
-    elif runtime is not None and not runtime.affected:
+    elif runtime is not None and not runtime.pins_host_copy:
         apply, reason = False, f"compute-runtime {version} is outside the affected range"
     else:
         apply, reason = True, f"{bmg} Battlemage GPUs visible, compute-runtime {version}"

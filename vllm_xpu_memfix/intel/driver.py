@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_xpu_memfix.intel import driver_facts as facts
+
 INTEL_VENDOR = 0x8086
 
 # Battlemage PCI device ids, from compute-runtime's
@@ -26,12 +28,6 @@ BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
 # 0xE223 Arc Pro B70 (compute-runtime #968, llama.cpp SYCL reports).
 KNOWN_PRODUCTS = {0xE211: ("Arc Pro B60", 24), 0xE223: ("Arc Pro B70", 32)}
 
-# The host-mirror regression: from compute-runtime 26.09 (build 37435, first
-# release 26.09.37435.1) on (compute-runtime #953). No fixed release yet; when
-# Intel ships one, set AFFECTED_BEFORE_BUILD to its build number.
-AFFECTED_FROM_BUILD = 37435
-AFFECTED_BEFORE_BUILD: int | None = None
-
 RUNTIME_PACKAGES = ("intel-opencl-icd", "libze-intel-gpu1", "intel-level-zero-gpu")
 LOADER_PACKAGES = ("libze1", "level-zero")
 # Shared objects whose presence in /proc/self/maps means Level Zero has been started.
@@ -43,7 +39,7 @@ LIBRARY_DIRS = (
     "usr/local/lib",
     "opt/intel/oneapi/redist/lib",
 )
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_OLD_PACKAGE_VERSION = re.compile(r"1\.\d+\.(\d+)")
 _LIB = re.compile(r"libze_intel_gpu\.so\.1\.(\d+)\.(\d+)")
 
 
@@ -74,17 +70,39 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Runtime:
-    """compute-runtime version as found; ``build`` is the third field (37435 in 26.09.37435.1)."""
+    """compute-runtime version as found: ``build`` is the third field (37435 in
+    26.09.37435.1; 0 where only year.week is known), ``release`` the first two (None
+    where only the driver file's build number is known)."""
 
     version: str
     build: int
     source: str
+    release: tuple[int, int] | None = None
+
+    def _at_least(self, ref: facts.Release) -> bool:
+        return facts.at_least(self.build, self.release, ref)
 
     @property
-    def affected(self) -> bool:
-        if self.build < AFFECTED_FROM_BUILD:
+    def pins_host_copy(self) -> bool:
+        """In the releases whose peer imports pin a host copy (defer backing on BMG)."""
+        if not self._at_least(facts.HOST_COPY_FROM):
             return False
-        return AFFECTED_BEFORE_BUILD is None or self.build < AFFECTED_BEFORE_BUILD
+        return facts.HOST_COPY_FIXED is None or not self._at_least(facts.HOST_COPY_FIXED)
+
+    @property
+    def in_xe_peer_oom_range(self) -> bool:
+        """In the releases that meet compute-runtime #916 on kernels before 7.1."""
+        return self._at_least(facts.XE_PEER_OOM_FROM) and not self._at_least(
+            facts.XE_PEER_OOM_FIXED
+        )
+
+
+def runtime_from_version(text: str, source: str) -> Runtime | None:
+    """A runtime from its version as written (``26.14.37833.4``, ``26.14``); None if not one."""
+    release = facts.parse_release(text)
+    if release is None:
+        return None
+    return Runtime(text.strip(), release.build, source, (release.year, release.week))
 
 
 def _read(path: Path) -> str | None:
@@ -163,9 +181,14 @@ def compute_runtime(sysroot: Path) -> Runtime | None:
     """The installed compute-runtime, from dpkg's status or the Level Zero driver's file name."""
     installed = _dpkg_versions(sysroot)
     for package in RUNTIME_PACKAGES:
-        match = _VERSION.match(installed.get(package, ""))
-        if match:
-            return Runtime(installed[package], int(match.group(3)), f"dpkg: {package}")
+        version, source = installed.get(package, ""), f"dpkg: {package}"
+        runtime = runtime_from_version(version, source)
+        if runtime is not None and runtime.build:
+            return runtime
+        # The older level-zero-gpu package is versioned 1.x.BUILD.
+        old = _OLD_PACKAGE_VERSION.match(version)
+        if old:
+            return Runtime(version, int(old.group(1)), source)
     for directory in LIBRARY_DIRS:
         try:
             names = sorted(p.name for p in (sysroot / directory).iterdir())
@@ -176,6 +199,36 @@ def compute_runtime(sysroot: Path) -> Runtime | None:
             if lib:
                 return Runtime(f"build {lib.group(2)}", int(lib.group(2)), f"{directory}/{name}")
     return None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The running kernel's release; ``version`` is None where it could not be read or
+    parsed, and ``problem`` then says which."""
+
+    release: str | None
+    version: tuple[int, int] | None
+    problem: str | None = None
+
+    @property
+    def has_xe_peer_fix(self) -> bool | None:
+        return None if self.version is None else facts.kernel_has_xe_fix(self.version)
+
+
+def kernel(sysroot: Path) -> Kernel:
+    """The kernel release from ``/proc/sys/kernel/osrelease`` (in a container: the host's)."""
+    path = sysroot / "proc/sys/kernel/osrelease"
+    text = _read(path)
+    if text is None:
+        return Kernel(None, None, f"{path} could not be read")
+    return kernel_from_release(text)
+
+
+def kernel_from_release(text: str) -> Kernel:
+    version = facts.parse_kernel(text)
+    if version is None:
+        return Kernel(text, None, f"kernel release {text!r} is not major.minor[...]")
+    return Kernel(text, version)
 
 
 def level_zero_loader(sysroot: Path) -> str | None:

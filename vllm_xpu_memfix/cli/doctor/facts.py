@@ -71,7 +71,7 @@ class Measurement:
 
     @property
     def runtime_affected(self) -> bool:
-        return self.runtime is None or self.runtime.affected
+        return self.runtime is None or self.runtime.pins_host_copy
 
 
 def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[int | None, str]:
