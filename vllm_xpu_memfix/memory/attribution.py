@@ -126,6 +126,7 @@ class HostCopy:
 
     @property
     def imports_without_copy(self) -> bool:
+        """Peer imports are there and the host holds no copy of them: the pinning is off."""
         return self.peer_imports >= SIGNIFICANT and self.held is False
 
 
