@@ -624,6 +624,21 @@ def test_the_interim_note_is_said_once_per_host_while_its_speaker_lives(tmp_path
     assert "Intel's interim workaround" in finish(start())
 
 
+def test_a_speaker_is_a_live_process_by_pid_and_start_time(tmp_path):
+    from vllm_xpu_memfix.core import host_lock
+    from vllm_xpu_memfix.core.process import start_time
+
+    speaker = tmp_path / "lk" / "note.speaker"
+    assert host_lock.first_alive(tmp_path / "lk", "note")  # nobody yet
+    assert host_lock.first_alive(tmp_path / "lk", "note")  # still this process
+    parent = os.getppid()
+    speaker.write_text(f"{parent} {start_time(parent)}\n")
+    assert not host_lock.first_alive(tmp_path / "lk", "note")  # a live other process
+    speaker.write_text(f"{parent} 1\n")  # its pid, but another start: a reused pid
+    assert host_lock.first_alive(tmp_path / "lk", "note")
+    assert speaker.read_text() == f"{os.getpid()} {start_time(os.getpid())}\n"
+
+
 def test_an_unusable_lock_directory_says_the_note_rather_than_never(guard_in_process, tmp_path):
     (tmp_path / "lk").write_text("a file where the directory should be")
     records, _ = guard_in_process("main")
