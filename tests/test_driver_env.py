@@ -526,7 +526,7 @@ ROWS = {
         GUARD,
         "VLLM_XPU_MEMFIX_DRIVER_ENV=on",
         ("WARNING", SET_IT),
-        ("ERROR", ("were not in this process's environment",)),
+        ("ERROR", ("were not in this process's environment", "runs without them")),
         mode="on",
     ),
 }

@@ -123,9 +123,11 @@ class Decision:
     """What the guard decides for one environment on one host, from files only.
 
     ``apply`` is whether it sets anything (``env``); ``reason`` says why in one clause.
-    ``host_copy`` is whether the driver will pin the host copy in processes that start
-    with the environment once ``env`` is set (None: it cannot be told). ``xe_peer_oom``
-    is compute-runtime #916's condition where it holds or could not be ruled out.
+    ``copy_expected`` is whether the driver would pin the host copy were nothing set (an
+    unreadable runtime counts as affected; None: not decided, the guard is off);
+    ``host_copy`` whether it still will once ``env`` is set. ``xe_peer_oom`` is
+    compute-runtime #916's condition where it holds or could not be ruled out, for the
+    environment once ``env`` is set. ``not_understood`` names each value taken as absent.
     """
 
     apply: bool
@@ -136,9 +138,13 @@ class Decision:
     env: dict[str, str] = field(default_factory=dict)
     visible_intel: int = 0
     kernel: driver.Kernel | None = None
-    host_copy: bool | None = None
+    copy_expected: bool | None = None
     xe_peer_oom: driver.XePeerOom | None = None
     not_understood: tuple[str, ...] = ()
+
+    @property
+    def host_copy(self) -> bool | None:
+        return None if self.copy_expected is None else self.copy_expected and not self.apply
 
 
 @dataclass(frozen=True)
@@ -270,7 +276,7 @@ def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
         env=env,
         visible_intel=host.intel,
         kernel=host.kernel,
-        host_copy=copy_without and not env,
+        copy_expected=copy_without,
         xe_peer_oom=driver.xe_peer_oom(host.intel, host.runtime, host.kernel, peer_access_off),
         not_understood=keys.not_understood + kernel_problem,
     )
@@ -453,11 +459,12 @@ def _report_too_late(role: str, settings: Settings, loaded: list[str]) -> None:
             f"the Intel GPU driver is already loaded ({loaded[0]}) and {_shown(seen.env)} "
             "were not in this process's environment when it started"
         )
-    lost = (
-        "P2P stays on in this process"
-        if NO_PEER in seen.env
-        else "The host copy of every device allocation will be pinned in this process"
-    )
+    if NO_PEER in seen.env:
+        lost = "P2P stays on in this process"
+    elif seen.copy_expected:
+        lost = "The host copy of every device allocation will be pinned in this process"
+    else:
+        lost = "This process runs without them"
     line = (
         f"vllm-xpu-memfix: driver guard cannot take effect in this {role} process: {what}; "
         f"the driver reads them only when it starts. {lost} ({seen.reason}; {EVIDENCE}). "
