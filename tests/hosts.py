@@ -5,7 +5,9 @@ No Intel GPU host can be reached from here, so these are constructed, not record
   ("0x8086\\n", "PCI_SLOT_NAME=0000:03:00.0"), xe's tile0/physical_vram_size_bytes, and
   connector entries (card1-DP-1) that must be skipped;
 - dpkg: /var/lib/dpkg/status stanzas (Package / Status / Version);
-- /proc/meminfo in the kernel's "Key:   value kB" format.
+- /proc/meminfo in the kernel's "Key:   value kB" format;
+- /proc/sys/kernel/osrelease as uname -r prints it (None: the file is absent). The default
+  is torch-xpu-ops #5428's kernel: 7.1, which has compute-runtime #916's fix.
 Device ids and runtime versions are those of public reports (compute-runtime #953, #968).
 """
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 GiB = 1024**3
 B70, B60, NVIDIA_L4 = (0x8086, 0xE223), (0x8086, 0xE211), (0x10DE, 0x27B8)
+A770 = (0x8086, 0x56A0)  # DG2, the GPU of compute-runtime #916's report
 
 
 def build_host(
@@ -26,6 +29,7 @@ def build_host(
     mem_total_gib: int = 128,
     mem_available_gib: float = 120.0,
     vram_gib: int | None = 32,
+    kernel: str | None = "7.1.8+deb13-amd64",
 ) -> Path:
     drm = root / "sys/class/drm"
     drm.mkdir(parents=True)
@@ -73,6 +77,9 @@ def build_host(
     )
     (proc / "status").write_text("Name:\tpython3\nRssAnon:\t  204800 kB\nRssFile:\t  102400 kB\n")
     (proc / "cgroup").write_text("0::/\n")
+    if kernel is not None:
+        (root / "proc/sys/kernel").mkdir(parents=True)
+        (root / "proc/sys/kernel/osrelease").write_text(f"{kernel}\n")
     return root
 
 

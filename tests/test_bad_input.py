@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from helpers.warm_ups import one_warm_up
+from hosts import B70, build_host
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +34,7 @@ from vllm_xpu_memfix.cli import DEVICE_GIB, INTERVAL_S, RANKS, UTILIZATION, comp
 from vllm_xpu_memfix.cli.monitor import COLUMNS
 from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.host_lock import OWNER_READ_BYTES, HostSemaphore, LockDirError
-from vllm_xpu_memfix.fixes import load_lock, warmup_lock
+from vllm_xpu_memfix.fixes import driver_env, load_lock, warmup_lock
 
 ROOT = Path(__file__).parent.parent
 NUMERIC = [v for v in config.VARIABLES if v.bounds is not None]
@@ -937,3 +938,50 @@ def test_any_module_bytes_give_a_status_or_unreadable_never_an_exception(content
         assert exc.path == module and "\n" not in exc.reason
     else:
         assert status in (compat.PRESENT, "missing: qwen_triton_warmup")
+
+
+# --- the driver guard's inputs ----------------------------------------------------------
+
+
+def test_a_bad_driver_env_value_stops_the_command_with_the_config_error_line(tmp_path):
+    result = cli(
+        "check", "--source", str(tmp_path), cwd=tmp_path, env={"VLLM_XPU_MEMFIX_DRIVER_ENV": "p2p"}
+    )
+    assert refused_run(result) == (
+        "vllm-xpu-memfix: VLLM_XPU_MEMFIX_DRIVER_ENV='p2p' is not valid; accepted values: "
+        "auto, on, off, no_peer_access"
+    )
+
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12)
+
+
+@FEW
+@given(
+    keys=st.dictionaries(
+        st.sampled_from(driver_env.DRIVER_KEYS), TEXT | st.sampled_from(["0", "1", "-1"])
+    ),
+    osrelease=st.binary(max_size=40) | st.none(),
+    mode=st.sampled_from(["auto", "on", "no_peer_access"]),
+)
+def test_any_driver_keys_and_kernel_release_give_a_decision_in_one_line(
+    keys, osrelease, mode, tmp_path_factory
+):
+    """Garbage never crashes the guard: each value the driver would not take is named and
+    taken as absent, and what the guard sets is only its own keys."""
+    root = build_host(tmp_path_factory.mktemp("host"), [B70, B70], kernel=None)
+    if osrelease is not None:
+        (root / "proc/sys/kernel").mkdir(parents=True)
+        (root / "proc/sys/kernel/osrelease").write_bytes(osrelease)
+    settings = config.load(
+        {"VLLM_XPU_MEMFIX_SYSROOT": str(root), "VLLM_XPU_MEMFIX_DRIVER_ENV": mode}
+    )
+    decision = driver_env.decide(settings, keys)
+    assert set(decision.env) <= set(driver_env.DRIVER_KEYS)
+    for name, value in keys.items():
+        try:
+            int(value)
+        except ValueError:  # not a number to anyone: named, and taken as absent
+            assert any(item.startswith(f"{name}=") for item in decision.not_understood)
+            assert decision.user_set[name] == value
+    assert "\n" not in driver_env.summary(decision)

@@ -65,3 +65,20 @@ def test_each_default_parses_to_the_value_an_empty_environment_gives():
 def test_non_finite_or_non_positive_timeouts_are_refused(value):
     with pytest.raises(ConfigError, match="VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S"):
         config.load({"VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": value})
+
+
+def test_driver_env_takes_no_peer_access_and_the_other_switches_do_not():
+    settings = config.load({"VLLM_XPU_MEMFIX_DRIVER_ENV": " No_Peer_Access "})
+    assert settings.mode(config.DRIVER_ENV) is Mode.NO_PEER_ACCESS
+    assert settings.requested(config.DRIVER_ENV)
+    with pytest.raises(ConfigError) as err:
+        config.load({"VLLM_XPU_MEMFIX_LEDGER": "no_peer_access"})
+    assert str(err.value) == (
+        "VLLM_XPU_MEMFIX_LEDGER='no_peer_access' is not valid; accepted values: auto, on, off"
+    )
+    with pytest.raises(ConfigError) as err:
+        config.load({"VLLM_XPU_MEMFIX_DRIVER_ENV": "p2p_off"})
+    assert str(err.value) == (
+        "VLLM_XPU_MEMFIX_DRIVER_ENV='p2p_off' is not valid; accepted values: auto, on, off, "
+        "no_peer_access"
+    )

@@ -7,10 +7,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hosts import B60, B70, NVIDIA_L4, build_host
+from hosts import A770, B60, B70, NVIDIA_L4, build_host
 
 from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.fixes import driver_env
@@ -61,52 +62,6 @@ def test_runtime_from_dpkg_then_library_name(tmp_path):
     assert lib.build == 37435 and lib.source.endswith("libze_intel_gpu.so.1.14.37435")
     assert driver.compute_runtime(build_host(tmp_path / "d", [B70], runtime=None)) is None
     assert driver.level_zero_loader(tmp_path / "a") == "1.28.2-1~24.04"
-
-
-@pytest.mark.parametrize(
-    ("case", "gpus", "runtime", "env", "applies"),
-    [
-        ("4x B70, runtime 26.14", [B70] * 4, "26.14.37833.4", {}, True),
-        ("1x B60", [B60], "26.14.37833.4", {}, False),
-        ("2x B70, runtime 26.05", [B70] * 2, "26.05.37020.3", {}, False),
-        (
-            "2x B70, ZE_AFFINITY_MASK=0",
-            [B70] * 2,
-            "26.14.37833.4",
-            {"ZE_AFFINITY_MASK": "0"},
-            False,
-        ),
-        ("NVIDIA only", [NVIDIA_L4] * 4, "26.14.37833.4", {}, False),
-        (
-            "user's EnableDeferBacking=1",
-            [B70] * 4,
-            "26.14.37833.4",
-            {"EnableDeferBacking": "1"},
-            False,
-        ),
-        ("2x B60 + 2x B70, version unknown", [B60, B60, B70, B70], None, {}, True),
-    ],
-)
-def test_guard_decision(tmp_path, case, gpus, runtime, env, applies):
-    root = build_host(tmp_path, gpus, runtime=runtime)
-    decision = driver_env.decide(settings_for(root), env)
-    assert decision.apply is applies, (case, decision.reason)
-    if "EnableDeferBacking" in env:
-        assert "respecting EnableDeferBacking=1" in decision.reason
-    environ = dict(env)
-    driver_env.apply(decision, environ)
-    assert (environ.get("EnableDeferBacking") == "0") is applies
-    assert environ.get("EnableDeferBacking") == env.get(
-        "EnableDeferBacking", environ.get("EnableDeferBacking")
-    )
-
-
-def test_switch_on_forces_and_off_never_sets(tmp_path):
-    root = build_host(tmp_path, [B60])
-    assert driver_env.decide(settings_for(root, VLLM_XPU_MEMFIX_DRIVER_ENV="on"), {}).apply
-    root4 = build_host(tmp_path / "4", [B70] * 4)
-    assert not driver_env.decide(settings_for(root4, VLLM_XPU_MEMFIX_DRIVER_ENV="off"), {}).apply
-    assert not driver_env.decide(settings_for(root4, VLLM_XPU_MEMFIX="0"), {}).apply
 
 
 def test_bad_sysroot_is_a_clear_error(tmp_path):
@@ -206,41 +161,49 @@ def test_loaded_driver_libraries_come_from_the_maps_file(tmp_path):
     assert driver.loaded_driver_libraries() == [], "this test process has no Level Zero"
 
 
+DRIVER_NAMES = (*driver_env.DRIVER_KEYS, "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR")
+LIB = "/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1"
+KERNEL_6 = "6.14.0-37-generic"  # before the xe fix of compute-runtime #916
+READ, DEFER, NO_PEER = driver_env.READ, driver_env.DEFER, driver_env.NO_PEER
+
+
 @pytest.fixture
 def guard_in_process(tmp_path, monkeypatch, caplog):
     """Run driver_env.install here as a process of ``role`` with the driver mapped or not,
-    ``at_start`` the environment it started with; returns the records and os.environ."""
+    ``at_start`` the environment it started with, ``now`` its environment at registration;
+    returns the records and the driver keys in os.environ afterwards."""
     import logging
 
     from vllm_xpu_memfix.core.process import ProcessRole
 
-    for name in GUARD_NAMES:
+    for name in DRIVER_NAMES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(driver_env, "logger", logging.getLogger("test.driver_env"))
     caplog.set_level(logging.DEBUG, "test.driver_env")
 
-    def run(role, gpus=(B70,) * 4, loaded=(), at_start=None, now=None):
-        root = build_host(tmp_path / f"host{len(list(tmp_path.iterdir()))}", list(gpus))
+    def run(role, gpus=(B70,) * 4, loaded=(), at_start=None, now=None, mode="auto", **host):
+        root = build_host(tmp_path / f"host{len(list(tmp_path.iterdir()))}", list(gpus), **host)
         monkeypatch.setattr(driver_env, "current_role", lambda: ProcessRole(role))
         monkeypatch.setattr(driver, "loaded_driver_libraries", lambda: list(loaded))
         monkeypatch.setattr(driver_env, "environ_at_start", lambda: dict(at_start or {}))
+        for name in DRIVER_NAMES:
+            monkeypatch.delenv(name, raising=False)
         for name, value in (now or {}).items():
             monkeypatch.setenv(name, value)
         caplog.clear()
-        driver_env.install(None, settings_for(root))
+        settings = settings_for(
+            root, VLLM_XPU_MEMFIX_DRIVER_ENV=mode, VLLM_XPU_MEMFIX_LOCK_DIR=str(tmp_path / "lk")
+        )
+        driver_env.install(None, settings)
         records = [(r.levelname, r.getMessage()) for r in caplog.records]
-        return records, {k: os.environ.get(k) for k in GUARD_NAMES}
+        return records, {k: os.environ[k] for k in driver_env.DRIVER_KEYS if k in os.environ}
 
     return run
 
 
-GUARD_NAMES = tuple(driver_env.GUARD_ENV)
-LIB = "/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1"
-
-
-def test_a_rank_with_the_driver_loaded_sets_nothing_and_says_the_mirror_stays(guard_in_process):
+def test_a_rank_with_the_driver_loaded_sets_nothing_and_says_the_copy_stays(guard_in_process):
     records, env = guard_in_process("worker", loaded=[LIB])
-    assert env == {"NEOReadDebugKeys": None, "EnableDeferBacking": None}
+    assert env == {}
     assert [level for level, _ in records] == ["ERROR"]
     message = records[0][1]
     assert f"the Intel GPU driver is already loaded ({LIB})" in message
@@ -274,7 +237,7 @@ def test_variables_the_rank_started_with_are_taken_as_working(guard_in_process):
 
 def test_no_error_where_the_guard_is_not_needed_even_with_the_driver_loaded(guard_in_process):
     records, env = guard_in_process("worker", gpus=[B60], loaded=[LIB])
-    assert env == {"NEOReadDebugKeys": None, "EnableDeferBacking": None}
+    assert env == {}
     assert [level for level, _ in records] == ["DEBUG"]
 
 
@@ -284,10 +247,10 @@ def test_process_0_with_the_driver_loaded_still_sets_them_for_the_processes_it_s
     records, env = guard_in_process("main", loaded=[LIB])
     assert env == driver_env.GUARD_ENV
     assert [level for level, _ in records] == ["WARNING"]
-    assert records[0][1].endswith(
+    assert (
         f"The Intel driver is already loaded here ({LIB}), so they take effect in the "
         "processes this one spawns, not in this one nor in Ray workers (docs/multi-node.md)"
-    )
+    ) in records[0][1]
 
 
 def test_a_rank_without_the_driver_loaded_still_sets_them(guard_in_process):
@@ -295,3 +258,408 @@ def test_a_rank_without_the_driver_loaded_still_sets_them(guard_in_process):
     assert env == driver_env.GUARD_ENV
     assert [level for level, _ in records] == ["WARNING"]
     assert "in this process, which did not inherit them" in records[0][1]
+
+
+# --- the decision, row by row, in process 0 and in a late (Ray) worker -----------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the decision on a recorded host: what is set, a part of the reason,
+    compute-runtime #916 (None, "certain" or "not ruled out"), and the level and parts of
+    the one line in process 0 and in a Ray worker that started the driver before the
+    plugin, with ``env`` in the environment it started with."""
+
+    gpus: tuple[tuple[int, int], ...]
+    sets: dict[str, str]
+    reason: str
+    main: tuple[str, tuple[str, ...]]
+    late: tuple[str, tuple[str, ...]]
+    env: dict[str, str] = field(default_factory=dict)
+    runtime: str | None = "26.14.37833.4"
+    kernel: str | None = "7.1.8+deb13-amd64"
+    mode: str = "auto"
+    oom: str | None = None
+
+
+GUARD = dict(driver_env.GUARD_ENV)
+SET_IT = ("set NEOReadDebugKeys=1 EnableDeferBacking=0 in this vLLM", "Intel's interim")
+TOO_LATE = ("were not in this process's environment when it started", "will be pinned")
+OOM = (
+    "WARNING compute-runtime #916",
+    "every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
+    "Remedies: kernel 7.1 or later; compute-runtime 26.22.38646.4 or later (26.27 on master)",
+    "VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access (NEOReadDebugKeys=1 "
+    "ForceZeDeviceCanAccessPerReturnValue=0), which costs P2P: oneCCL falls back",
+)
+NOT_RULED_OUT = ("compute-runtime #916 could not be ruled out", "Remedies: kernel 7.1")
+MIXED = "1 Battlemage and 1 other Intel GPU(s) visible: the host copy is reported only between"
+ROWS = {
+    "one GPU visible (mask)": Row(
+        (B70, B70),
+        {},
+        "1 Intel GPU visible to this process: no peer, so no host copy",
+        ("DEBUG", ("driver guard not needed: 1 Intel GPU visible",)),
+        ("INFO", ("driver guard not needed on this node: 1 Intel GPU visible",)),
+        env={"ZE_AFFINITY_MASK": "0"},
+        kernel=KERNEL_6,
+    ),
+    "one B60": Row(
+        (B60,),
+        {},
+        "1 Intel GPU visible",
+        ("DEBUG", ("driver guard not needed: 1 Intel GPU",)),
+        ("INFO", ("not needed on this node: 1 Intel GPU",)),
+    ),
+    "no Intel GPU": Row(
+        (NVIDIA_L4, NVIDIA_L4),
+        {},
+        "no Intel GPU visible under",
+        ("DEBUG", ("driver guard not needed: no Intel GPU",)),
+        ("INFO", ("not needed on this node: no Intel GPU",)),
+    ),
+    "ForceZe=0 set (and #916 avoided)": Row(
+        (B70, B70),
+        {},
+        "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0 set by the user: "
+        "zeDeviceCanAccessPeer answers false, so no peer residency and no host copy",
+        ("INFO", ("driver guard set nothing: NEOReadDebugKeys=1 ForceZe",)),
+        ("INFO", ("driver variables in this worker: NEOReadDebugKeys=1 ForceZe",)),
+        env={READ: "1", NO_PEER: "0"},
+        kernel=KERNEL_6,
+    ),
+    "EnableDeferBacking=0 set": Row(
+        (B70, B70),
+        {},
+        "NEOReadDebugKeys=1 EnableDeferBacking=0 set by the user: the peer imports' host "
+        "backing is not pinned",
+        ("INFO", ("driver guard set nothing: NEOReadDebugKeys=1 EnableDeferBacking=0",)),
+        ("INFO", ("driver variables in this worker: NEOReadDebugKeys=1 EnableDeferBacking=0",)),
+        env=GUARD,
+    ),
+    "NEOReadDebugKeys=1 alone": Row(
+        (B70,) * 4,
+        {DEFER: "0"},
+        "4 Battlemage GPUs visible, compute-runtime 26.14.37833.4-1~24.04",
+        ("WARNING", ("set EnableDeferBacking=0 in this vLLM", "Intel's interim")),
+        ("ERROR", ("and EnableDeferBacking=0 were not in this process's environment",)),
+        env={READ: "1"},
+    ),
+    "#916 on kernel 6.x": Row(
+        (B70, B70),
+        GUARD,
+        "2 Battlemage GPUs visible",
+        ("WARNING", (*SET_IT, *OOM)),
+        ("ERROR", (*TOO_LATE, *OOM)),
+        kernel=KERNEL_6,
+        oom="certain",
+    ),
+    "#916 condition on kernel 7.1": Row(
+        (B70, B70),
+        GUARD,
+        "2 Battlemage GPUs visible",
+        ("WARNING", SET_IT),
+        ("ERROR", TOO_LATE),
+        kernel="7.1.0-rc1",
+    ),
+    "A770 pair on kernel 6.x": Row(
+        (A770, A770),
+        {},
+        "0 Battlemage and 2 other Intel GPU(s) visible",
+        ("WARNING", ("driver guard set nothing", *OOM)),
+        ("WARNING", ("driver guard set nothing", *OOM)),
+        kernel=KERNEL_6,
+        oom="certain",
+    ),
+    "compute-runtime 26.05": Row(
+        (B70, B70),
+        {},
+        "compute-runtime 26.05.37020.3-1~24.04 is outside the affected range",
+        ("INFO", ("driver guard set nothing: compute-runtime 26.05",)),
+        ("INFO", ("driver guard set nothing: compute-runtime 26.05",)),
+        runtime="26.05.37020.3",
+    ),
+    "compute-runtime 26.05 on kernel 6.x": Row(
+        (B70, B70),
+        {},
+        "outside the affected range",
+        ("WARNING", ("driver guard set nothing", *OOM)),
+        ("WARNING", ("driver guard set nothing", *OOM)),
+        runtime="26.05.37020.3",
+        kernel=KERNEL_6,
+        oom="certain",
+    ),
+    "compute-runtime 26.14": Row(
+        (B70,) * 4,
+        GUARD,
+        "4 Battlemage GPUs visible, compute-runtime 26.14",
+        ("WARNING", SET_IT),
+        ("ERROR", TOO_LATE),
+    ),
+    "compute-runtime 26.27 on kernel 6.x": Row(
+        (B70, B70),
+        GUARD,
+        "compute-runtime 26.27.39122.10",
+        ("WARNING", SET_IT),
+        ("ERROR", TOO_LATE),
+        runtime="26.27.39122.10",
+        kernel=KERNEL_6,
+    ),
+    # Newer than any tag in compute-runtime's tree (its build is made up): no release is
+    # known to stop the copy (facts.HOST_COPY_FIXED is None), so it still pins.
+    "compute-runtime 26.35": Row(
+        (B70, B70),
+        GUARD,
+        "compute-runtime 26.35.39800.1",
+        ("WARNING", SET_IT),
+        ("ERROR", TOO_LATE),
+        runtime="26.35.39800.1",
+    ),
+    "mixed Battlemage and A770": Row(
+        (B70, A770),
+        {},
+        MIXED,
+        ("INFO", (f"driver guard set nothing: {MIXED}",)),
+        ("INFO", (f"driver guard set nothing: {MIXED}",)),
+    ),
+    "mixed on kernel 6.x": Row(
+        (B70, A770),
+        {},
+        MIXED,
+        ("WARNING", (MIXED, *OOM)),
+        ("WARNING", (MIXED, *OOM)),
+        kernel=KERNEL_6,
+        oom="certain",
+    ),
+    "two Battlemage beside an A770": Row(
+        (B70, A770, B70),
+        GUARD,
+        "2 Battlemage GPUs visible (and 1 other Intel GPU(s))",
+        ("WARNING", SET_IT),
+        ("ERROR", TOO_LATE),
+    ),
+    "ForceZe=maybe": Row(
+        (B70, B70),
+        GUARD,
+        "2 Battlemage GPUs visible",
+        ("WARNING", (*SET_IT, "Not understood, taken as absent: ForceZe")),
+        ("ERROR", (*TOO_LATE, "Not understood, taken as absent: ForceZe")),
+        env={NO_PEER: "maybe"},
+    ),
+    "EnableDeferBacking=off": Row(
+        (B70, B70),
+        {DEFER: "0"},
+        "2 Battlemage GPUs visible",
+        ("WARNING", ("set EnableDeferBacking=0", "EnableDeferBacking='off' (accepted:")),
+        ("ERROR", ("EnableDeferBacking=0 were not", "EnableDeferBacking='off' (accepted:")),
+        env={READ: "1", DEFER: "off"},
+    ),
+    "kernel release unparsable": Row(
+        (B70, B70),
+        GUARD,
+        "2 Battlemage GPUs visible",
+        ("WARNING", (*SET_IT, *NOT_RULED_OUT, "unknown: the kernel release")),
+        ("ERROR", (*TOO_LATE, *NOT_RULED_OUT, "kernel release 'linux-next' is not")),
+        kernel="linux-next",
+        oom="not ruled out",
+    ),
+    "osrelease unreadable": Row(
+        (B70, B70),
+        GUARD,
+        "2 Battlemage GPUs visible",
+        ("WARNING", (*SET_IT, *NOT_RULED_OUT, "osrelease could not be read")),
+        ("ERROR", (*TOO_LATE, *NOT_RULED_OUT)),
+        kernel=None,
+        oom="not ruled out",
+    ),
+    "runtime unknown on kernel 6.x": Row(
+        (B70, B70),
+        GUARD,
+        "compute-runtime unknown (taken as affected)",
+        ("WARNING", (*SET_IT, *NOT_RULED_OUT, "unknown: the compute-runtime version")),
+        ("ERROR", (*TOO_LATE, *NOT_RULED_OUT)),
+        runtime=None,
+        kernel=KERNEL_6,
+        oom="not ruled out",
+    ),
+    "NEOReadDebugKeys=0": Row(
+        (B70, B70),
+        {},
+        "NEOReadDebugKeys=0 set by the user is left as it is",
+        ("WARNING", ("driver guard set nothing", "will pin a host copy")),
+        ("WARNING", ("driver guard set nothing", "will pin a host copy")),
+        env={READ: "0"},
+    ),
+    "EnableDeferBacking=1": Row(
+        (B70, B70),
+        {},
+        "EnableDeferBacking=1 set by the user is left as it is",
+        ("WARNING", ("will pin a host copy",)),
+        ("WARNING", ("will pin a host copy",)),
+        env={READ: "1", DEFER: "1"},
+    ),
+    "EnableDeferBacking=0 without NEOReadDebugKeys": Row(
+        (B70, B70),
+        {READ: "1"},
+        "EnableDeferBacking=0 was set without NEOReadDebugKeys=1",
+        ("WARNING", ("set NEOReadDebugKeys=1 in this vLLM",)),
+        ("ERROR", ("and NEOReadDebugKeys=1 were not in this process's environment",)),
+        env={DEFER: "0"},
+    ),
+    "no_peer_access": Row(
+        (B70, B70),
+        {READ: "1", NO_PEER: "0"},
+        "VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access",
+        (
+            "WARNING",
+            (
+                "set NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0 in this vLLM",
+                "it costs P2P: oneCCL falls back to host-staged collectives",
+            ),
+        ),
+        ("ERROR", ("P2P stays on in this process", *OOM)),
+        kernel=KERNEL_6,
+        mode="no_peer_access",
+    ),
+    "on, one GPU": Row(
+        (B60,),
+        GUARD,
+        "VLLM_XPU_MEMFIX_DRIVER_ENV=on",
+        ("WARNING", SET_IT),
+        ("ERROR", ("were not in this process's environment", "runs without them")),
+        mode="on",
+    ),
+}
+
+
+def _oom_kind(decision: driver_env.Decision) -> str | None:
+    oom = decision.xe_peer_oom
+    return None if oom is None else ("certain" if oom.certain else "not ruled out")
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_each_row_decides_the_environment(tmp_path, row):
+    root = build_host(tmp_path, list(row.gpus), runtime=row.runtime, kernel=row.kernel)
+    decision = driver_env.decide(settings_for(root, VLLM_XPU_MEMFIX_DRIVER_ENV=row.mode), row.env)
+    assert (decision.env, decision.apply) == (row.sets, bool(row.sets)), decision.reason
+    assert row.reason in decision.reason
+    assert _oom_kind(decision) == row.oom
+    environ = dict(row.env)
+    driver_env.apply(decision, environ)
+    assert environ == {**row.env, **row.sets}
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_each_row_gives_one_line_in_process_0(guard_in_process, row):
+    host = {"runtime": row.runtime, "kernel": row.kernel}
+    records, env = guard_in_process("main", row.gpus, now=row.env, mode=row.mode, **host)
+    assert env == {k: v for k, v in {**row.env, **row.sets}.items() if k in env}
+    assert len(records) == 1
+    level, line = records[0]
+    assert level == row.main[0], line
+    for part in row.main[1]:
+        assert part in line, (part, line)
+    assert ("UR_RESULT_ERROR" in line) is (row.oom is not None)
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_each_row_gives_one_line_in_a_late_ray_worker(guard_in_process, row):
+    """vLLM's Ray worker has started the driver before the plugin loads: nothing is set,
+    and the line judges the environment the worker started with."""
+    host = {"runtime": row.runtime, "kernel": row.kernel}
+    records, env = guard_in_process(
+        "ray_worker", row.gpus, loaded=[LIB], at_start=row.env, now=row.env, mode=row.mode, **host
+    )
+    assert env == {k: v for k, v in row.env.items() if k in driver_env.DRIVER_KEYS}
+    assert len(records) == 1
+    level, line = records[0]
+    assert level == row.late[0], line
+    for part in row.late[1]:
+        assert part in line, (part, line)
+
+
+def test_the_interim_note_is_said_once_per_host_while_its_speaker_lives(tmp_path):
+    """Two processes on one host (one lock directory): the first names Intel's positions,
+    the second does not while the first lives; after it exits, the next one does."""
+    root = build_host(tmp_path / "host", [B70] * 4)
+    code = textwrap.dedent(
+        """
+        import sys
+        from vllm_xpu_memfix.core import config
+        from vllm_xpu_memfix.fixes import driver_env
+
+        driver_env.install(None, config.load())
+        print("ready", flush=True)
+        sys.stdin.readline()
+        """
+    )
+    script = tmp_path / "guard.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k not in driver_env.DRIVER_KEYS}
+    env.update(VLLM_XPU_MEMFIX_SYSROOT=str(root), VLLM_XPU_MEMFIX_LOCK_DIR=str(tmp_path / "lk"))
+
+    def start() -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, str(script)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        return process
+
+    def finish(process: subprocess.Popen[str]) -> str:
+        _, err = process.communicate("\n", timeout=60)
+        lines = [line for line in err.splitlines() if "driver guard" in line]
+        assert len(lines) == 1 and "set NEOReadDebugKeys=1 EnableDeferBacking=0" in lines[0]
+        return lines[0]
+
+    first = start()
+    second = start()
+    second_line, first_line = finish(second), finish(first)
+    assert "Intel's interim workaround" in first_line and "26.05" in first_line
+    assert "Intel's interim workaround" not in second_line
+    assert "Intel's interim workaround" in finish(start())
+
+
+def test_a_speaker_is_a_live_process_by_pid_and_start_time(tmp_path):
+    from vllm_xpu_memfix.core import host_lock
+    from vllm_xpu_memfix.core.process import start_time
+
+    speaker = tmp_path / "lk" / "note.speaker"
+    assert host_lock.first_alive(tmp_path / "lk", "note")  # nobody yet
+    assert host_lock.first_alive(tmp_path / "lk", "note")  # still this process
+    parent = os.getppid()
+    speaker.write_text(f"{parent} {start_time(parent)}\n")
+    assert not host_lock.first_alive(tmp_path / "lk", "note")  # a live other process
+    speaker.write_text(f"{parent} 1\n")  # its pid, but another start: a reused pid
+    assert host_lock.first_alive(tmp_path / "lk", "note")
+    assert speaker.read_text() == f"{os.getpid()} {start_time(os.getpid())}\n"
+
+
+def test_an_unusable_lock_directory_says_the_note_rather_than_never(guard_in_process, tmp_path):
+    (tmp_path / "lk").write_text("a file where the directory should be")
+    records, _ = guard_in_process("main")
+    assert "Intel's interim workaround" in records[0][1]
+
+
+def test_check_shows_the_decision_the_guard_makes(tmp_path, capsys, clean_env, monkeypatch):
+    from vllm_xpu_memfix.cli import main
+
+    root = build_host(tmp_path / "host", [B70, B70], kernel=KERNEL_6)
+    monkeypatch.setenv("VLLM_XPU_MEMFIX_SYSROOT", str(root))
+    for name in DRIVER_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "src/vllm").mkdir(parents=True)
+    assert main(["check", "--source", str(tmp_path / "src")]) == 0
+    lines = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("driver_env:")
+    ]
+    decision = driver_env.decide(config.load(), os.environ)
+    assert lines == [f"driver_env: {driver_env.summary(decision)}"]
+    assert lines[0].startswith(
+        "driver_env: sets NEOReadDebugKeys=1 EnableDeferBacking=0: 2 Battlemage GPUs visible"
+    )
+    assert "WARNING compute-runtime #916" in lines[0]

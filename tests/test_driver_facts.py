@@ -149,3 +149,44 @@ def test_every_variable_the_issue_names_has_an_effect_and_a_source():
         "UR_L0_USM_RESIDENT",
     }
     assert all(v.effect and v.source for v in facts.VARIABLES)
+
+
+def test_the_production_route_is_itself_in_compute_runtime_916s_range():
+    """What PRODUCTION_ROUTE_CAVEATS says: 26.05 needs kernel 7.1 with 2+ GPUs."""
+    route = driver.runtime_from_version(facts.PRODUCTION_ROUTE.tag, "facts")
+    assert route is not None and route.in_xe_peer_oom_range
+    assert "#916" in facts.PRODUCTION_ROUTE_CAVEATS and "debug-only" in facts.INTERIM
+
+
+def test_debug_keys_keep_the_values_the_driver_takes():
+    keys = facts.debug_keys({"NEOReadDebugKeys": "0", "EnableDeferBacking": " -1", "ForceZe": "0"})
+    assert keys.values == {"NEOReadDebugKeys": 0, "EnableDeferBacking": -1}
+    assert facts.debug_keys({"EnableDeferBacking": "maybe"}).values == {}
+
+
+KERNEL_6, KERNEL_7_1 = driver.kernel_from_release("6.14.0"), driver.kernel_from_release("7.1.0")
+RT_26_14 = driver.runtime_from_version("26.14.37833.4", "t")
+RT_26_27 = driver.runtime_from_version("26.27.39122.10", "t")
+
+
+@pytest.mark.parametrize(
+    "gpus, runtime, kernel, peer_off, unknown",
+    [
+        (2, RT_26_14, KERNEL_6, False, ()),
+        (1, RT_26_14, KERNEL_6, False, None),
+        (2, RT_26_14, KERNEL_7_1, False, None),
+        (2, RT_26_27, KERNEL_6, False, None),
+        (2, RT_26_14, KERNEL_6, True, None),
+        (3, None, KERNEL_6, False, ("the compute-runtime version",)),
+        (2, RT_26_14, driver.kernel_from_release("odd"), False, ("the kernel release",)),
+        (2, None, None, False, ("the compute-runtime version", "the kernel release")),
+        (2, RT_26_27, None, False, None),  # one part known not to hold rules it out
+    ],
+)
+def test_compute_runtime_916_is_ruled_out_by_any_part_and_unknown_only_where_the_rest_holds(
+    gpus, runtime, kernel, peer_off, unknown
+):
+    oom = driver.xe_peer_oom(gpus, runtime, kernel, peer_off)
+    assert (None if oom is None else oom.unknown) == unknown
+    if oom is not None:
+        assert oom.certain is (unknown == ()) and oom.intel_gpus == gpus

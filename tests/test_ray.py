@@ -183,7 +183,7 @@ def test_a_worker_with_the_driver_loaded_gives_the_error_and_sets_nothing(
     assert "cannot take effect in this ray_worker process" in error
     assert f"the Intel GPU driver is already loaded ({stand_in_driver})" in error
     assert "were not in this process's environment when it started" in error
-    assert "The host mirror of every device allocation will be pinned in this process" in error
+    assert "The host copy of every device allocation will be pinned in this process" in error
     assert "4 Battlemage GPUs visible" in error and "Nothing was set" in error
     assert "before `ray start`" in error and "runtime_env env_vars" in error
     assert "vllm-xpu-memfix ray-env" in error
@@ -218,8 +218,8 @@ def test_a_node_without_intel_gpus_gives_one_line_and_no_error(registrations, ho
     drm = hosts["no GPU"] / "sys/class/drm"
     guard = [line for line in result["lines"] if "driver guard" in line]
     assert guard == [
-        f"INFO vllm-xpu-memfix: driver guard not needed on this node: no Intel GPU "
-        f"under {drm}; the mirror needs 2 or more Battlemage"
+        f"INFO vllm-xpu-memfix: driver guard not needed on this node: no Intel GPU visible "
+        f"under {drm}; the host copy needs 2 or more Battlemage"
     ]
     assert any("role=ray_worker rank=0 " in line for line in result["lines"])
 

@@ -10,6 +10,7 @@ import pytest
 from hosts import B70, build_host
 
 from vllm_xpu_memfix.cli import main
+from vllm_xpu_memfix.fixes import driver_env
 
 EXPORTS = ["export NEOReadDebugKeys=1", "export EnableDeferBacking=0"]
 RUNTIME_ENV = {"env_vars": {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}}
@@ -17,7 +18,7 @@ RUNTIME_ENV = {"env_vars": {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}}
 
 @pytest.fixture
 def node(tmp_path, monkeypatch, clean_env):
-    for name in ("NEOReadDebugKeys", "EnableDeferBacking", "ZE_AFFINITY_MASK"):
+    for name in (*driver_env.DRIVER_KEYS, "ZE_AFFINITY_MASK"):
         monkeypatch.delenv(name, raising=False)
 
     def at(gpus, **kwargs):
@@ -40,7 +41,7 @@ def test_an_affected_node_gets_export_lines_and_the_runtime_env(node, capsys):
     assert code == 0 and err == ""
     assert out[0] == (
         "# this node needs the driver guard: 4 Battlemage GPUs visible, compute-runtime "
-        "26.14.37833.4-1~24.04 (vllm #50269, compute-runtime #953 and #968)"
+        "26.14.37833.4-1~24.04 (compute-runtime #953, #980; vllm #50269)"
     )
     assert [line for line in out if not line.startswith("#")] == EXPORTS
     assert json.loads(out[-1].removeprefix("# ")) == RUNTIME_ENV
@@ -70,8 +71,8 @@ def test_a_node_without_intel_gpus_gets_one_line(tmp_path, monkeypatch, clean_en
     code, out, err = run(capsys)
     assert (code, err) == (0, "")
     assert out == [
-        f"# this node needs no driver variables: no Intel GPU under {tmp_path}/sys/class/drm; "
-        "the mirror needs 2 or more Battlemage"
+        f"# this node needs no driver variables: no Intel GPU visible under "
+        f"{tmp_path}/sys/class/drm; the host copy needs 2 or more Battlemage"
     ]
     assert run(capsys, "--json")[1] == ['{"env_vars": {}}']
 
@@ -80,7 +81,7 @@ def test_it_decides_as_the_guard_does(node, capsys):
     node([B70] * 2, runtime="26.05.37020.3")
     assert run(capsys)[1] == [
         "# this node needs no driver variables: compute-runtime 26.05.37020.3-1~24.04 is "
-        "outside the affected range"
+        "outside the affected range (from 26.09.37435.1)"
     ]
     node([B70] * 4)
     assert run(capsys)[1][0].startswith("# this node needs the driver guard")
@@ -110,3 +111,32 @@ def test_a_bad_sysroot_is_one_line_and_exit_2(tmp_path, monkeypatch, clean_env, 
     code, out, err = run(capsys)
     assert (code, out) == (2, [])
     assert err.count("\n") == 1 and "VLLM_XPU_MEMFIX_SYSROOT=" in err and "Traceback" not in err
+
+
+def test_no_peer_access_prints_its_variables_and_their_cost(node, capsys, monkeypatch):
+    node([B70] * 2)
+    monkeypatch.setenv("VLLM_XPU_MEMFIX_DRIVER_ENV", "no_peer_access")
+    code, out, _ = run(capsys)
+    assert code == 0
+    assert [line for line in out if not line.startswith("#")] == [
+        "export NEOReadDebugKeys=1",
+        "export ForceZeDeviceCanAccessPerReturnValue=0",
+    ]
+    assert any(
+        "turns P2P off: oneCCL falls back to host-staged collectives" in line for line in out
+    )
+    assert json.loads(run(capsys, "--json")[1][0]) == {
+        "env_vars": {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}
+    }
+
+
+def test_a_node_that_meets_compute_runtime_916_is_warned(node, capsys):
+    node([B70] * 2, kernel="6.14.0-37-generic")
+    out = run(capsys)[1]
+    warnings = [line for line in out if "compute-runtime #916" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("# WARNING compute-runtime #916: 2 Intel")
+    assert "VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access" in warnings[0]
+    node([B70] * 2, runtime="26.05.37020.3", kernel="6.14.0-37-generic")
+    (line,) = run(capsys)[1]
+    assert line.startswith("# this node needs no driver variables: compute-runtime 26.05")
+    assert "WARNING compute-runtime #916" in line

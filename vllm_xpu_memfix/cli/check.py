@@ -1,8 +1,10 @@
-"""``vllm-xpu-memfix check``: fixes, switches and whether their vLLM targets exist."""
+"""``vllm-xpu-memfix check``: fixes, switches and whether their vLLM targets exist, and
+the decision the driver guard makes on this host (as ``driver_env`` logs it)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -11,6 +13,7 @@ from pathlib import Path
 from vllm_xpu_memfix import __version__, fixes
 from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import int4_self_check
 from vllm_xpu_memfix.vllm_code import overrides
 from vllm_xpu_memfix.vllm_code.overrides import INHERITS
@@ -87,6 +90,7 @@ def main(args: argparse.Namespace) -> int:
     print(_table(removal))
     print(f"\nsym_int4: {readable(partial(sym_int4_layout, root))}")
     print(f"device_quant self-check: {int4_self_check.describe(settings.lock_dir)}")
+    print(f"driver_env: {driver_env.summary(driver_env.decide(settings, os.environ))}")
     print(f"\n{platform_workers(workers)}")
     for path, reason in unreadable.items():
         print(f"unreadable: {path}: {reason}")

@@ -2,10 +2,11 @@
 
 vLLM's Ray workers start the Intel driver before they load plugins, so the
 driver guard cannot set the variables there (docs/multi-node.md). This command
-decides on the node it runs on, from sysfs and the compute-runtime under
-``VLLM_XPU_MEMFIX_SYSROOT``, exactly as the guard would, and prints the
-variables as ``export`` lines (the output can be ``eval``'d) with the Ray
-``runtime_env`` form as a comment; ``--json`` prints only the ``runtime_env``.
+decides on the node it runs on, from sysfs, the compute-runtime and the kernel
+under ``VLLM_XPU_MEMFIX_SYSROOT`` and ``VLLM_XPU_MEMFIX_DRIVER_ENV``, exactly as
+the guard would, and prints the variables as ``export`` lines (the output can be
+``eval``'d) with the Ray ``runtime_env`` form and any compute-runtime #916
+warning as comments; ``--json`` prints only the ``runtime_env``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.intel import driver_facts as facts
 
 
 def ray_line() -> str:
@@ -37,15 +39,20 @@ def main(args: argparse.Namespace) -> int:
     settings = config.load()
     # What the node needs, whatever this shell already holds.
     decision = driver_env.decide(settings, driver_env.without_guard(os.environ))
-    needed = dict(driver_env.GUARD_ENV) if decision.apply else {}
+    needed = decision.env
     runtime_env = {"env_vars": needed}
     if args.json:
         print(json.dumps(runtime_env))
         return 0
     if not needed:
-        print(f"# this node needs no driver variables: {decision.reason}")
+        said = ". ".join([decision.reason, *driver_env.remarks(decision)])
+        print(f"# this node needs no driver variables: {said}")
         return 0
     print(f"# this node needs the driver guard: {decision.reason} ({driver_env.EVIDENCE})")
+    if driver_env.NO_PEER in needed:
+        print(f"# {driver_env.NO_PEER}=0 turns P2P off: {facts.NO_PEER_ACCESS_COST}")
+    if decision.xe_peer_oom is not None:
+        print(f"# {driver_env.xe_peer_oom_warning(decision.xe_peer_oom)}")
     print(f"# {ray_line()}")
     print("# 1) in every node's environment before `ray start` (Ray workers start with it):")
     for name, value in needed.items():

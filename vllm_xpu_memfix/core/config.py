@@ -33,15 +33,23 @@ class Mode(str, Enum):
     AUTO = "auto"
     ON = "on"
     OFF = "off"
+    # driver_env only: turn the driver's peer access off (compute-runtime #916, #980).
+    NO_PEER_ACCESS = "no_peer_access"
+
+
+ON_OFF_AUTO = (Mode.AUTO, Mode.ON, Mode.OFF)
 
 
 @dataclass(frozen=True)
 class Fix:
-    """One fix of the plugin, switched by ``VLLM_XPU_MEMFIX_<KEY>`` (auto, on, off)."""
+    """One fix of the plugin, switched by ``VLLM_XPU_MEMFIX_<KEY>`` (auto, on, off, and
+    any value of its own in ``modes``, each explained in ``extra_means``)."""
 
     key: str
     summary: str
     auto_means: str
+    modes: tuple[Mode, ...] = ON_OFF_AUTO
+    extra_means: str = ""
 
     @property
     def env(self) -> str:
@@ -220,9 +228,14 @@ LOAD_LOCK = Fix(
 DRIVER_ENV = Fix(
     key="driver_env",
     summary="Sets NEOReadDebugKeys=1 EnableDeferBacking=0 so the Intel driver does not pin a "
-    "host mirror of device memory (compute-runtime >= 26.09, 2+ Battlemage GPUs).",
+    "host copy of device memory (compute-runtime >= 26.09, 2+ Battlemage GPUs); warns of "
+    "compute-runtime #916 (2+ Intel GPUs, runtime 25.44 to 26.22, kernel before 7.1).",
     auto_means="when 2+ Battlemage GPUs are visible and the runtime is affected or unknown; "
     "on: whenever the user has not set the variables",
+    modes=(*ON_OFF_AUTO, Mode.NO_PEER_ACCESS),
+    extra_means="no_peer_access: sets NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0 "
+    "instead, which avoids both the host copy and #916 but costs P2P (oneCCL falls back to "
+    "host-staged collectives)",
 )
 FIXES: tuple[Fix, ...] = (
     LEDGER,
@@ -336,11 +349,8 @@ PARAMETERS: tuple[Variable, ...] = (
 )
 
 
-def _mode(variable: Variable, raw: str, _environ: Mapping[str, str]) -> Mode:
-    try:
-        return Mode(raw.strip().lower())
-    except ValueError:
-        raise invalid(variable.name, raw, variable.accepted) from None
+def _mode(variable: Variable, raw: str, environ: Mapping[str, str]) -> Mode:
+    return Mode(_choice(variable, raw, environ))
 
 
 SWITCHES: dict[str, Variable] = {
@@ -348,10 +358,11 @@ SWITCHES: dict[str, Variable] = {
         name=fix.env,
         field="modes",
         default=Mode.AUTO.value,
-        accepted=", ".join(m.value for m in Mode),
-        doc=f"{fix.summary} auto: {fix.auto_means}.",
+        accepted=", ".join(m.value for m in fix.modes),
+        doc=f"{fix.summary} auto: {fix.auto_means}."
+        + (f" {fix.extra_means}." if fix.extra_means else ""),
         parse=_mode,
-        choices=tuple(m.value for m in Mode),
+        choices=tuple(m.value for m in fix.modes),
     )
     for fix in FIXES
 }

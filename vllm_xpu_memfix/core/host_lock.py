@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_xpu_memfix.core.process import instance_key
+from vllm_xpu_memfix.core.process import instance_key, start_time
 
 POLL_S = 0.05
 OWNER_READ_BYTES = 4096
@@ -185,6 +185,29 @@ def agree(directory: Path, name: str, token: str, decide: Callable[[], str]) -> 
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{token}\n{value}\n{DECISION_END}\n".encode(), 0)
         return value, True
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def first_alive(directory: Path, name: str) -> bool:
+    """Whether this process is the one that speaks for the host on ``name``: the first to
+    ask, or the first after that one has exited. ``<name>.speaker`` names the speaker by pid
+    and start time (so a reused pid is not taken for it), read and written under its own
+    ``flock``. Raises :class:`LockDirError` (or ``OSError``) where the directory or file is
+    unusable.
+    """
+    prepare_lock_dir(directory)
+    path = directory / f"{name}.speaker"
+    fd = open_entry(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        pid, _, started = os.read(fd, OWNER_READ_BYTES).decode("utf-8", "replace").partition(" ")
+        if pid.isdigit() and start_time(int(pid)) == started.strip():
+            return int(pid) == os.getpid()
+        refuse_hard_links(fd, path)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {start_time(os.getpid())}\n".encode(), 0)
+        return True
     finally:
         os.close(fd)  # drops the flock
 

@@ -132,17 +132,22 @@ def instance_key() -> str:
     return _KEY_CHARS.sub("_", key)
 
 
+def start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot), or None where it is gone:
+    with the pid, it names a process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # Field 22, starttime; the fields after the command name, which may hold spaces.
+            return f.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
 def instance_token() -> str:
     """:func:`instance_key` and the start time of this process's parent (the EngineCore of
     multiprocessing ranks): a decision a previous engine left under a pid that was reused
     then carries another token."""
-    try:
-        with open(f"/proc/{os.getppid()}/stat", "rb") as f:
-            # Field 22, starttime; the fields after the command name, which may hold spaces.
-            started = f.read().rpartition(b")")[2].split()[19].decode()
-    except (OSError, IndexError):
-        started = "?"
-    return f"{instance_key()}@{started}"
+    return f"{instance_key()}@{start_time(os.getppid()) or '?'}"
 
 
 def environ_at_start() -> dict[str, str] | None:

@@ -3,9 +3,9 @@
 Problem
     Intel's on-the-fly ``sym_int4`` quantizes every linear layer on the host:
     device bf16 -> host bf16 -> host fp32 -> a C library (GGML Q4_0) -> host
-    int32 + fp16 scales -> device, in every rank at once. That is the host
-    staging of vllm #50269 and llm-scaler #703, and minutes of single-threaded
-    CPU work at start-up. Only the 0.14-based module has a device seam
+    int32 + fp16 scales -> device, in every rank at once: host staging in each
+    rank, and minutes of single-threaded CPU work at start-up. Only the
+    0.14-based module has a device seam
     (``_use_xpu_quant`` / ``_xpu_q4_0_quantize``), which Intel's own ESIMD
     package fills in those images; the 0.21 module always takes the host path.
 Mechanism

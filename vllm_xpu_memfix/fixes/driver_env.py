@@ -1,54 +1,91 @@
-"""Driver guard: stop the Intel driver from pinning a host mirror of device memory.
+"""Driver guard: keep the Intel driver from pinning a host copy of device memory.
 
 Problem
-    From compute-runtime 26.09 on, with two or more Battlemage GPUs in one
-    Level Zero context, every device allocation also pins an equal-size block
-    of host memory (GTT) through peer residency. RSS does not show it and swap
-    cannot take it. 4 x 0.92 x 31.89 GiB = 117 GiB is llm-scaler #703's
-    ">120 GB spike" at KV-cache allocation; compute-runtime #968 measured
-    55.12 GiB falling to 1.55 GiB once it was avoided. Intel's answer in vllm
-    #50269 and compute-runtime #953 is ``NEOReadDebugKeys=1 EnableDeferBacking=0``.
+    From compute-runtime 26.09 on (defer backing enabled for Battlemage, commit
+    d793c96442), with two or more Battlemage GPUs in one Level Zero context, every
+    device allocation made resident on a peer is backed there by an equal-size block
+    of host memory that is committed and pinned. RSS does not show it and swap cannot
+    take it. What each public figure measured, and with what:
+    compute-runtime #953 (2x B70, 26.22): ~17.7 GiB of host pinned per rank for ~18.5 GiB
+    of VRAM; downgrading to 26.05 alone took the pinned memory from 25.9 to 0.67 GiB, and
+    the reporter confirmed that ``NEOReadDebugKeys=1 EnableDeferBacking=0`` resolves it;
+    compute-runtime #980 (2x B60, 26.31, kernel 7.0): 4 GiB allocated on one card cost
+    +4.2 GiB of ``drm-total-gtt`` on its peer and 4.2 GiB of ``MemFree``, and
+    ``ForceZeDeviceCanAccessPerReturnValue=0`` removed it;
+    a community probe on 4x B70: the host memory held fell from 12.6 to 0.3 GiB with
+    ``EnableDeferBacking=0`` while ``drm-total-gtt`` stayed the same (the imports remain,
+    only their pinning goes);
+    compute-runtime #968's 55.12 -> 1.55 GiB (``nr_gpu_active`` peak, 2x B70) came from
+    an ``LD_PRELOAD`` shim that skips peer residency altogether, not from any key this
+    guard sets. 4 x 0.92 x 31.89 GiB = 117 GiB is arithmetic for llm-scaler #703's
+    ">120 GB spike", not a measurement; no Intel GPU here has measured this guard.
+    A second failure with the same GPUs (compute-runtime #916): with 2+ Intel GPUs
+    (any, A770 included) in one context, compute-runtime 25.44 up to 26.22 and a kernel
+    before 7.1, every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+    ``EnableDeferBacking=0`` does not help there.
+    Intel says two things: its vLLM engineer recommends ``NEOReadDebugKeys=1
+    EnableDeferBacking=0`` until the driver is fixed (vllm #50269); compute-runtime's
+    maintainer calls debug keys debug-only and names compute-runtime 26.05 as the
+    production route (compute-runtime #953, quoted in llm-scaler #618).
 Mechanism
-    In process 0 (the API server or the ``LLM`` process), before EngineCore and
-    the workers are spawned, count the visible Battlemage GPUs from sysfs and
-    read the compute-runtime version from dpkg or the driver's file name,
-    without loading the driver. If at least two are visible and the runtime is
-    in the affected range (or its version cannot be read), set both variables
-    in ``os.environ``; spawned children inherit them. Variables the user set
-    are respected. Each worker logs whether the variables arrived.
-    Every other process first reads ``/proc/self/maps``: where Level Zero's
-    driver or loader is already mapped, the driver has read its settings, so
-    the guard sets nothing there and, if the variables were missing when the
-    process started (``/proc/self/environ``), logs an ERROR: this process will
-    pin the mirror, and how to give the variables to it before it starts. That
-    is always the case for vLLM's Ray workers, which start the driver before
-    they load plugins (docs/multi-node.md).
+    In process 0 (the API server or the ``LLM`` process), before EngineCore and the
+    workers are spawned, read from files only (sysfs, dpkg or the driver's file name,
+    ``/proc/sys/kernel/osrelease``, all under the sysroot) and from the environment
+    (``intel/driver_facts``), then decide, and say so in one line:
+    one Intel GPU visible, or the user's ``ForceZeDeviceCanAccessPerReturnValue=0`` or
+    ``EnableDeferBacking=0`` (with ``NEOReadDebugKeys=1``): no copy, nothing set;
+    2+ Battlemage visible and the runtime in the affected range (or unknown): set
+    ``EnableDeferBacking=0``, and ``NEOReadDebugKeys=1`` unless the user set it to 1
+    already. A key the user set to a value the driver takes is never overridden; a value
+    it would not take (``maybe``) is named and treated as absent. Spawned children
+    inherit what is set; each worker logs what it has. The first process on the host
+    that sets the key (and no other while it lives) adds Intel's two positions to its
+    line (``host_lock.first_alive`` in the lock directory).
+    One Battlemage beside another Intel GPU: nothing is set. The copy has been reported
+    only between Battlemage GPUs, and defer backing is on for Battlemage only, so a
+    debug key is not applied where no report shows the copy; ``on`` applies it anyway.
+    #916's condition gives a WARNING with its remedies (kernel 7.1; compute-runtime
+    26.22.38646.4 or later, 26.27 on master; or ``no_peer_access``); where the runtime
+    or the kernel cannot be read and the rest holds, the line says it could not be ruled
+    out. The plugin never turns P2P off by itself.
+    Every other process first reads ``/proc/self/maps``: where Level Zero is already
+    mapped, the driver has read its keys, so the guard sets nothing there and decides
+    on the environment the process started with (``/proc/self/environ``): an ERROR if
+    the driver started without what the guard would set. That is always the case for
+    vLLM's Ray workers, which start the driver before they load plugins
+    (docs/multi-node.md; ``vllm-xpu-memfix ray-env`` prints what a node needs).
 Targets
     None in vLLM: the process environment at plugin registration.
 Switch
-    ``VLLM_XPU_MEMFIX_DRIVER_ENV`` (auto: when the conditions above hold; on:
-    whenever the user has not set the variables; off: never).
-    ``VLLM_XPU_MEMFIX_SYSROOT`` roots the sysfs/dpkg/library look-ups.
+    ``VLLM_XPU_MEMFIX_DRIVER_ENV``: auto (as above); on: set ``EnableDeferBacking=0``
+    wherever the user has not set the keys; no_peer_access: set
+    ``NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0`` instead, which avoids
+    both the copy and #916 but costs P2P; off: never.
+    ``VLLM_XPU_MEMFIX_SYSROOT`` roots the file look-ups.
 Upstream
-    Belongs in compute-runtime (#953, #968, #980 are open). Until then, a
-    launcher-side default that vLLM's XPU platform could also apply.
+    Belongs in compute-runtime (#953, #968, #980 are open; #916 is fixed in kernel 7.1
+    and worked around from 26.22), or in Unified Runtime, which makes every allocation
+    resident on every peer: intel/llvm #21889 restricted residency to peers with P2P
+    enabled, #22796 made that opt-in (``SYCL_UR_L0_RESTRICT_USM_RESIDENCY_TO_P2P=1``).
 Remove when
-    A compute-runtime release no longer pins the mirror; the fix lies outside
-    vLLM, so ``auto`` re-decides from the installed runtime at every start.
+    A compute-runtime release no longer pins the copy; the fix lies outside vLLM, so
+    ``auto`` re-decides from the installed runtime at every start.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, host_lock
 from vllm_xpu_memfix.core.config import Mode, Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.process import current_role, environ_at_start
+from vllm_xpu_memfix.intel import driver_facts as facts
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.intel import driver
@@ -56,9 +93,12 @@ if TYPE_CHECKING:
 logger = get_logger("driver_env")
 
 FIX = config.DRIVER_ENV
-REMOVE_WHEN = RemoveWhen("compute-runtime stops pinning a host mirror of device allocations")
-GUARD_ENV = {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
-EVIDENCE = "vllm #50269, compute-runtime #953 and #968"
+REMOVE_WHEN = RemoveWhen("compute-runtime stops pinning a host copy of device allocations")
+READ, DEFER, NO_PEER = facts.READ_DEBUG_KEYS, facts.DEFER_BACKING, facts.FORCE_PEER_ACCESS
+DRIVER_KEYS = (READ, DEFER, NO_PEER)
+GUARD_ENV = {READ: "1", DEFER: "0"}
+NO_PEER_ACCESS_ENV = {READ: "1", NO_PEER: "0"}
+EVIDENCE = facts.HOST_COPY_THREADS
 SPAWNERS = ("main", "engine_core")  # they start vLLM's ranks, which inherit what they set
 RANKS = ("worker", "ray_worker")
 # Verified with Ray 2.60 and vLLM 0.32 (docs/multi-node.md, tests/test_ray.py): a Ray
@@ -69,64 +109,228 @@ RANKS = ("worker", "ray_worker")
 # update_environment_variables, the driver environment in
 # RayExecutorV2.initialize_worker) run after the worker has resolved the platform.
 FIX_BEFORE_START = (
-    "the variables must be in the environment the process starts with. On Ray: "
-    "`export NEOReadDebugKeys=1 EnableDeferBacking=0` on every node before `ray start`, or "
-    "put them in the Ray job's runtime_env env_vars (ray.init(runtime_env={'env_vars': "
-    "{'NEOReadDebugKeys': '1', 'EnableDeferBacking': '0'}}) before the engine is created); "
+    "the variables must be in the environment the process starts with. On Ray: export "
+    "them on every node before `ray start`, or put them in the Ray job's runtime_env "
+    "env_vars (ray.init(runtime_env={'env_vars': {...}}) before the engine is created); "
     "`vllm-xpu-memfix ray-env` prints both. vLLM's copying of variables to Ray workers "
     "(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY, the driver's environment) comes too late"
 )
+INTERIM_SPEAKER = "driver_env-interim"
 
 
 @dataclass(frozen=True)
 class Decision:
+    """What the guard decides for one environment on one host, from files only.
+
+    ``apply`` is whether it sets anything (``env``); ``reason`` says why in one clause.
+    ``copy_expected`` is whether the driver would pin the host copy were nothing set (an
+    unreadable runtime counts as affected; None: not decided, the guard is off);
+    ``host_copy`` whether it still will once ``env`` is set. ``xe_peer_oom`` is
+    compute-runtime #916's condition where it holds or could not be ruled out, for the
+    environment once ``env`` is set. ``not_understood`` names each value taken as absent.
+    """
+
     apply: bool
     reason: str
     visible_battlemage: int = 0
     runtime: driver.Runtime | None = None
     user_set: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    visible_intel: int = 0
+    kernel: driver.Kernel | None = None
+    copy_expected: bool | None = None
+    xe_peer_oom: driver.XePeerOom | None = None
+    not_understood: tuple[str, ...] = ()
+
+    @property
+    def host_copy(self) -> bool | None:
+        return None if self.copy_expected is None else self.copy_expected and not self.apply
+
+
+@dataclass(frozen=True)
+class _Host:
+    intel: int
+    battlemage: int
+    runtime: driver.Runtime | None
+    kernel: driver.Kernel | None
+    drm: str
+
+
+def _shown(env: Mapping[str, str]) -> str:
+    """``K=v K=v`` on one line; a value that is not one plain word is quoted."""
+    return " ".join(
+        f"{k}={v if v.isprintable() and v.split() == [v] else repr(v)}" for k, v in env.items()
+    )
+
+
+def _read_host(settings: Settings, environ: Mapping[str, str]) -> _Host:
+    from vllm_xpu_memfix.intel import driver
+
+    gpus = driver.visible_gpus(driver.intel_gpus(settings.sysroot), environ)
+    battlemage = sum(gpu.is_battlemage for gpu in gpus)
+    # dpkg's status file costs ~10 ms: only a host with a peer to share with pays it.
+    several = len(gpus) >= 2
+    return _Host(
+        len(gpus),
+        battlemage,
+        driver.compute_runtime(settings.sysroot) if several else None,
+        driver.kernel(settings.sysroot) if several else None,
+        str(settings.sysroot / "sys/class/drm"),
+    )
+
+
+def _no_copy(host: _Host, keys: facts.DebugKeys) -> str | None:
+    """Why there is no host copy to guard against, or None where there may be one."""
+    if host.intel == 0:
+        return f"no Intel GPU visible under {host.drm}; the host copy needs 2 or more Battlemage"
+    if host.intel == 1:
+        return "1 Intel GPU visible to this process: no peer, so no host copy"
+    if keys.peer_access_off:
+        return (
+            f"{keys.host_copy_prevented_by} set by the user: zeDeviceCanAccessPeer answers "
+            "false, so no peer residency and no host copy (P2P off)"
+        )
+    if keys.defer_backing_off:
+        return (
+            f"{keys.host_copy_prevented_by} set by the user: the peer imports' host backing "
+            "is not pinned"
+        )
+    others = host.intel - host.battlemage
+    if host.battlemage < 2:
+        return (
+            f"{host.battlemage} Battlemage and {others} other Intel GPU(s) visible: the host "
+            "copy is reported only between Battlemage GPUs (defer backing is on for "
+            f"Battlemage only, compute-runtime d793c96442); {FIX.env}=on sets the key anyway"
+        )
+    if host.runtime is not None and not host.runtime.pins_host_copy:
+        return (
+            f"compute-runtime {host.runtime.version} is outside the affected range "
+            f"(from {facts.HOST_COPY_FROM.tag})"
+        )
+    return None
+
+
+def _copy_expected(host: _Host) -> str:
+    others = host.intel - host.battlemage
+    beside = f" (and {others} other Intel GPU(s))" if others else ""
+    version = host.runtime.version if host.runtime else "unknown (taken as affected)"
+    return f"{host.battlemage} Battlemage GPUs visible{beside}, compute-runtime {version}"
+
+
+def _keys_to_set(
+    key: str, keys: facts.DebugKeys, environ: Mapping[str, str]
+) -> tuple[dict[str, str], str]:
+    """What to set so the driver reads ``key=0``, and what to add to the reason; nothing
+    where the user gave ``NEOReadDebugKeys`` or ``key`` a value the driver takes."""
+    given = keys.values
+    if given.get(READ, 1) != 1 or given.get(key, 0) != 0:
+        blocker = READ if given.get(READ, 1) != 1 else key
+        return {}, f"; {blocker}={environ[blocker]} set by the user is left as it is"
+    env = {} if keys.read else {READ: "1"}
+    notes = []
+    if given.get(key) == 0:
+        notes.append(f"{key}=0 was set without {READ}=1, without which the driver ignores it")
+    else:
+        env[key] = "0"
+    if key != NO_PEER and given.get(NO_PEER) == 0 and not keys.read:
+        notes.append(f"{READ}=1 also makes the driver read {NO_PEER}=0 set here (no P2P)")
+    return env, "".join(f"; {note}" for note in notes)
+
+
+def _choose(
+    mode: Mode, host: _Host, keys: facts.DebugKeys, environ: Mapping[str, str]
+) -> tuple[dict[str, str], str, bool]:
+    """What to set, why, and whether the driver would pin the copy without it."""
+    no_copy = _no_copy(host, keys)
+    if mode is Mode.NO_PEER_ACCESS and not keys.peer_access_off:
+        env, note = _keys_to_set(NO_PEER, keys, environ)
+        return env, f"{FIX.env}=no_peer_access{note}", no_copy is None
+    if mode is Mode.ON and keys.host_copy_prevented_by is None:
+        env, note = _keys_to_set(DEFER, keys, environ)
+        return env, f"{FIX.env}=on{note}", no_copy is None
+    if no_copy is not None:
+        return {}, no_copy, False
+    env, note = _keys_to_set(DEFER, keys, environ)
+    return env, f"{_copy_expected(host)}{note}", True
 
 
 def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
-    """Whether to set the guard variables, and why; reads files only."""
+    """What the guard sets in ``environ`` and why; reads files only, changes nothing."""
     from vllm_xpu_memfix.intel import driver
 
-    user_set = {k: environ[k] for k in GUARD_ENV if k in environ}
+    keys = facts.debug_keys(environ)
+    user_set = {k: environ[k] for k in DRIVER_KEYS if k in environ}
     mode = settings.mode(FIX)
     if mode is Mode.OFF or not settings.enabled:
         return Decision(False, f"{FIX.env}=off", user_set=user_set)
-    intel = driver.intel_gpus(settings.sysroot)
-    gpus = driver.visible_gpus(intel, environ)
-    bmg = sum(gpu.is_battlemage for gpu in gpus)
-    # Reading dpkg's status file costs ~10 ms; only a host that could be affected pays it.
-    runtime = driver.compute_runtime(settings.sysroot) if bmg >= 2 else None
-    version = runtime.version if runtime else "unknown"
+    host = _read_host(settings, environ)
+    env, reason, copy_without = _choose(mode, host, keys, environ)
+    peer_access_off = facts.debug_keys({**environ, **env}).peer_access_off
+    kernel_problem = (host.kernel.problem,) if host.kernel and host.kernel.problem else ()
+    return Decision(
+        apply=bool(env),
+        reason=reason,
+        visible_battlemage=host.battlemage,
+        runtime=host.runtime,
+        user_set=user_set,
+        env=env,
+        visible_intel=host.intel,
+        kernel=host.kernel,
+        copy_expected=copy_without,
+        xe_peer_oom=driver.xe_peer_oom(host.intel, host.runtime, host.kernel, peer_access_off),
+        not_understood=keys.not_understood + kernel_problem,
+    )
 
-    if user_set:
-        shown = " ".join(f"{k}={v}" for k, v in user_set.items())
-        apply, reason = False, f"respecting {shown} already set"
-    elif mode is Mode.ON:
-        apply, reason = True, f"{FIX.env}=on"
-    elif not intel:
-        drm = settings.sysroot / "sys/class/drm"
-        apply, reason = False, f"no Intel GPU under {drm}; the mirror needs 2 or more Battlemage"
-    elif bmg < 2:
-        apply, reason = False, f"{bmg} Battlemage GPU(s) visible; the mirror needs 2 or more"
-    elif runtime is not None and not runtime.pins_host_copy:
-        apply, reason = False, f"compute-runtime {version} is outside the affected range"
+
+def xe_peer_oom_warning(oom: driver.XePeerOom) -> str:
+    """compute-runtime #916 in one sentence: the failure, whether it is certain, the remedies."""
+    where = (
+        f"{oom.intel_gpus} Intel GPUs in one context, compute-runtime {oom.runtime}, "
+        f"kernel {oom.kernel}"
+    )
+    if oom.certain:
+        head = f"WARNING {facts.XE_PEER_OOM_THREAD}: {where}: {facts.XE_PEER_OOM_FAILURE}"
     else:
-        apply, reason = True, f"{bmg} Battlemage GPUs visible, compute-runtime {version}"
-    return Decision(apply, reason, bmg, runtime, user_set)
+        head = (
+            f"{facts.XE_PEER_OOM_THREAD} could not be ruled out ({where}; unknown: "
+            f"{' and '.join(oom.unknown)}): if it holds, {facts.XE_PEER_OOM_FAILURE}"
+        )
+    kernel = ".".join(map(str, facts.KERNEL_FIXED))
+    return (
+        f"{head}, and {DEFER}=0 does not help. Remedies: kernel {kernel} or later; "
+        f"compute-runtime {facts.XE_PEER_OOM_FIXED.tag} or later "
+        f"({facts.XE_PEER_OOM_FIXED_ON_MASTER.name} on master); or {FIX.env}=no_peer_access "
+        f"({_shown(NO_PEER_ACCESS_ENV)}), which costs P2P: {facts.NO_PEER_ACCESS_COST}"
+    )
+
+
+def remarks(decision: Decision) -> list[str]:
+    """What the line adds to the decision: the pinned copy, #916, values not understood."""
+    remarks = []
+    if decision.host_copy:
+        remarks.append(
+            f"The driver will pin a host copy of every device allocation here ({EVIDENCE})"
+        )
+    if decision.xe_peer_oom is not None:
+        remarks.append(xe_peer_oom_warning(decision.xe_peer_oom))
+    if decision.not_understood:
+        remarks.append(f"Not understood, taken as absent: {'; '.join(decision.not_understood)}")
+    return remarks
+
+
+def summary(decision: Decision) -> str:
+    """The decision in one line, as ``check`` and ``doctor`` show it."""
+    what = f"sets {_shown(decision.env)}" if decision.apply else "sets nothing"
+    return ". ".join([f"{what}: {decision.reason}", *remarks(decision)])
 
 
 def without_guard(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` as it would be had nobody set the guard variables."""
-    return {k: v for k, v in environ.items() if k not in GUARD_ENV}
+    """``environ`` as it would be had nobody set the driver keys."""
+    return {k: v for k, v in environ.items() if k not in DRIVER_KEYS}
 
 
 def apply(decision: Decision, environ: MutableMapping[str, str]) -> None:
-    if decision.apply:
-        environ.update(GUARD_ENV)
+    environ.update(decision.env)
 
 
 def patches(_settings: Settings) -> tuple[Patch, ...]:
@@ -134,7 +338,7 @@ def patches(_settings: Settings) -> tuple[Patch, ...]:
 
 
 def install(_patcher: Patcher, settings: Settings) -> None:
-    """Decide and set in every process where the driver can still read the variables.
+    """Decide and set in every process where the driver can still read the keys.
 
     Process 0 sets them before EngineCore and the workers are spawned, so they
     inherit them. A rank that did not inherit them sets them itself, but only if
@@ -146,74 +350,124 @@ def install(_patcher: Patcher, settings: Settings) -> None:
     """
     from vllm_xpu_memfix.intel import driver
 
-    role = current_role()
-    decision = decide(settings, os.environ)
+    role = current_role().role
     loaded = driver.loaded_driver_libraries()
-    if loaded and role.role not in SPAWNERS:
-        _report_too_late(role.role, settings, decision, loaded)
+    if loaded and role not in SPAWNERS:
+        _report_too_late(role, settings, loaded)
         return
+    decision = decide(settings, os.environ)
     apply(decision, os.environ)
     if decision.apply:
-        log = logger.warning if role.role in ("main", "worker", "ray_worker") else logger.info
-        log(
-            "vllm-xpu-memfix: set NEOReadDebugKeys=1 EnableDeferBacking=0 in this %s (%s). "
-            "Without them the Intel driver pins a host copy of every device allocation on "
-            "multi-GPU Battlemage (%s). Opt out: %s=off%s",
-            "vLLM" if role.role == "main" else "process, which did not inherit them",
-            decision.reason,
-            EVIDENCE,
-            FIX.env,
-            f". The Intel driver is already loaded here ({loaded[0]}), so they take effect in "
-            "the processes this one spawns, not in this one nor in Ray workers (docs/multi-node.md)"
-            if loaded
-            else "",
+        _report_applied(role, settings, decision, loaded)
+    else:
+        _report_not_applied(role, decision)
+
+
+def _speaks_for_the_host(settings: Settings) -> bool:
+    try:
+        return host_lock.first_alive(settings.lock_dir, INTERIM_SPEAKER)
+    except (host_lock.LockDirError, OSError):
+        return True  # said twice rather than never
+
+
+def _report_applied(role: str, settings: Settings, decision: Decision, loaded: list[str]) -> None:
+    who = "vLLM" if role == "main" else "process, which did not inherit them"
+    if NO_PEER in decision.env:
+        effect = (
+            "zeDeviceCanAccessPeer now answers false: no peer residency, so no host copy and "
+            f"no {facts.XE_PEER_OOM_THREAD} failure; it costs P2P: {facts.NO_PEER_ACCESS_COST}"
         )
     else:
-        _report_not_applied(role.role, decision)
+        effect = (
+            f"Without {DEFER}=0 the Intel driver pins a host copy of every device allocation "
+            f"on multi-GPU Battlemage ({EVIDENCE})"
+        )
+        if _speaks_for_the_host(settings):
+            effect += f". This is {facts.INTERIM}"
+    if loaded:
+        effect += (
+            f". The Intel driver is already loaded here ({loaded[0]}), so they take effect in "
+            "the processes this one spawns, not in this one nor in Ray workers "
+            "(docs/multi-node.md)"
+        )
+    level = logging.WARNING if role in ("main", *RANKS) else logging.INFO
+    line = ". ".join(
+        [
+            f"vllm-xpu-memfix: driver guard: set {_shown(decision.env)} in this {who} "
+            f"({decision.reason})",
+            effect,
+            f"Opt out: {FIX.env}=off",
+            *remarks(decision),
+        ]
+    )
+    logger.log(level, line)
+
+
+def _not_applied_level(role: str, decision: Decision) -> int:
+    certain_oom = decision.xe_peer_oom is not None and decision.xe_peer_oom.certain
+    if decision.host_copy or decision.not_understood or (certain_oom and role != "engine_core"):
+        return logging.WARNING
+    if role == "ray_worker" or (role == "worker" and decision.user_set):
+        return logging.INFO  # Ray nodes can differ; say per node what each has
+    if role == "main" and (decision.user_set or decision.visible_intel >= 2):
+        return logging.INFO
+    return logging.DEBUG
 
 
 def _report_not_applied(role: str, decision: Decision) -> None:
-    if role in RANKS and decision.user_set:
-        shown = " ".join(f"{k}={v}" for k, v in decision.user_set.items())
-        logger.info("vllm-xpu-memfix: driver variables in this worker: %s", shown)
-    elif decision.user_set and role == "main":
-        logger.info("vllm-xpu-memfix: driver guard: %s", decision.reason)
+    if role in RANKS and decision.user_set and not decision.host_copy:
+        head = f"vllm-xpu-memfix: driver variables in this worker: {_shown(decision.user_set)}"
+    elif decision.host_copy or decision.visible_intel >= 2:
+        head = f"vllm-xpu-memfix: driver guard set nothing: {decision.reason}"
     elif role == "ray_worker":
-        # Ray nodes can differ; say per node why nothing was needed.
-        logger.info("vllm-xpu-memfix: driver guard not needed on this node: %s", decision.reason)
+        head = f"vllm-xpu-memfix: driver guard not needed on this node: {decision.reason}"
     else:
-        logger.debug("vllm-xpu-memfix: driver guard not needed: %s", decision.reason)
+        head = f"vllm-xpu-memfix: driver guard not needed: {decision.reason}"
+    logger.log(_not_applied_level(role, decision), ". ".join([head, *remarks(decision)]))
 
 
-def _report_too_late(role: str, settings: Settings, decision: Decision, loaded: list[str]) -> None:
-    """The driver is mapped into this rank: set nothing, and say whether that costs the mirror."""
-    needed = decide(settings, without_guard(os.environ))
+def _report_too_late(role: str, settings: Settings, loaded: list[str]) -> None:
+    """The driver is mapped into this rank: set nothing, and judge what the driver saw when
+    it started (the environment this process started with)."""
+    from vllm_xpu_memfix.intel import driver
+
     at_start = environ_at_start()
+    started_with = dict(os.environ) if at_start is None else at_start
+    seen = decide(settings, started_with)
+    if not seen.apply:
+        _report_not_applied(role, seen)
+        return
+    # What was not set cannot avoid compute-runtime #916 either.
+    oom = driver.xe_peer_oom(
+        seen.visible_intel,
+        seen.runtime,
+        seen.kernel,
+        facts.debug_keys(started_with).peer_access_off,
+    )
+    seen = replace(seen, xe_peer_oom=oom)
     late = {
-        k: v for k, v in decision.user_set.items() if at_start is not None and at_start.get(k) != v
+        k: v for k, v in seen.env.items() if os.environ.get(k) == v and started_with.get(k) != v
     }
-    if needed.apply and (decision.apply or late):
-        if late:
-            shown = " ".join(f"{k}={v}" for k, v in late.items())
-            what = (
-                f"{shown} were set in this process after it started (on Ray: vLLM copies the "
-                "driver's environment into its workers then), when the Intel GPU driver was "
-                f"already loaded ({loaded[0]})"
-            )
-        else:
-            what = (
-                f"the Intel GPU driver is already loaded ({loaded[0]}) and NEOReadDebugKeys=1 "
-                "EnableDeferBacking=0 were not in this process's environment when it started"
-            )
-        logger.error(
-            "vllm-xpu-memfix: driver guard cannot take effect in this %s process: %s; the "
-            "driver reads them only when it starts. The host mirror of every device "
-            "allocation will be pinned in this process (%s; %s). Nothing was set. Fix: %s",
-            role,
-            what,
-            needed.reason,
-            EVIDENCE,
-            FIX_BEFORE_START,
+    if late:
+        what = (
+            f"{_shown(late)} were set in this process after it started (on Ray: vLLM copies "
+            "the driver's environment into its workers then), when the Intel GPU driver was "
+            f"already loaded ({loaded[0]})"
         )
     else:
-        _report_not_applied(role, decision)
+        what = (
+            f"the Intel GPU driver is already loaded ({loaded[0]}) and {_shown(seen.env)} "
+            "were not in this process's environment when it started"
+        )
+    if NO_PEER in seen.env:
+        lost = "P2P stays on in this process"
+    elif seen.copy_expected:
+        lost = "The host copy of every device allocation will be pinned in this process"
+    else:
+        lost = "This process runs without them"
+    line = (
+        f"vllm-xpu-memfix: driver guard cannot take effect in this {role} process: {what}; "
+        f"the driver reads them only when it starts. {lost} ({seen.reason}; {EVIDENCE}). "
+        f"Nothing was set. Fix: {FIX_BEFORE_START}"
+    )
+    logger.error(". ".join([line, *remarks(seen)]))

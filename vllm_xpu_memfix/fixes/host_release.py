@@ -1,8 +1,9 @@
 """Host release: after weights are loaded and processed, give host memory back to the OS.
 
 Problem
-    Host RAM stays high after vLLM has loaded and processed the weights (vllm
-    #50269; static FP8 did not help, so it is not only quantization).
+    Host RAM stays above what vLLM needs after it has loaded and processed the
+    weights. (vllm #50269 reports high host RAM after loading on XPU, but Intel's
+    answer there is the driver's host copy of device memory: ``driver_env``.)
     On-the-fly ``sym_int4`` stages every layer on the host (bf16 -> fp32 ->
     int4) in every rank at once; glibc keeps the freed chunks in its arenas;
     module attributes can keep host tensors alive (tenstorrent vllm #161, vllm

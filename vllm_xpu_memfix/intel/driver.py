@@ -231,6 +231,47 @@ def kernel_from_release(text: str) -> Kernel:
     return Kernel(text, version)
 
 
+@dataclass(frozen=True)
+class XePeerOom:
+    """compute-runtime #916's condition as far as it could be read: 2+ Intel GPUs in one
+    context, a runtime in its range, a kernel before 7.1. ``unknown`` names the parts that
+    could not be read (the others hold); empty where all three are known to hold."""
+
+    intel_gpus: int
+    runtime: str
+    kernel: str
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def certain(self) -> bool:
+        return not self.unknown
+
+
+def xe_peer_oom(
+    intel_gpus: int, runtime: Runtime | None, running: Kernel | None, peer_access_off: bool
+) -> XePeerOom | None:
+    """compute-runtime #916's condition, or None where a part of it is known not to hold:
+    fewer than 2 Intel GPUs (any Intel GPU counts: #916 was reported on A770s), a runtime
+    outside its range, kernel 7.1 or later, or ``zeDeviceCanAccessPeer`` forced false."""
+    if intel_gpus < 2 or peer_access_off:
+        return None
+    if runtime is not None and not runtime.in_xe_peer_oom_range:
+        return None
+    if running is not None and running.has_xe_peer_fix:
+        return None
+    unknown = []
+    if runtime is None:
+        unknown.append("the compute-runtime version")
+    if running is None or running.version is None:
+        unknown.append("the kernel release")
+    return XePeerOom(
+        intel_gpus,
+        runtime.version if runtime else "unknown",
+        (running.release if running else None) or "unknown",
+        tuple(unknown),
+    )
+
+
 def level_zero_loader(sysroot: Path) -> str | None:
     installed = _dpkg_versions(sysroot)
     return next((installed[p] for p in LOADER_PACKAGES if p in installed), None)

@@ -52,8 +52,9 @@ HOST_COPY_FIXED: Release | None = None
 # backing (compute-runtime #953, 2026-08-03, as quoted in llm-scaler #618).
 PRODUCTION_ROUTE = Release(26, 5, 37020, "26.05.37020.3")
 PRODUCTION_ROUTE_CAVEATS = (
-    "an older driver: it lacks the fixes and Battlemage support of later releases, and "
-    "an Intel image bundles its own compute-runtime, so the image must be rebuilt on it"
+    "an older driver: it lacks the fixes and Battlemage support of later releases, it is "
+    "in compute-runtime #916's range, so with 2+ GPUs it needs kernel 7.1, and an Intel "
+    "image bundles its own compute-runtime, so the image must be rebuilt on it"
 )
 
 # The xe kernel bug (compute-runtime #916, "regression from 25.40"): with two Intel
@@ -71,6 +72,7 @@ XE_PEER_OOM_FIXED_ON_MASTER = Release(26, 27, 39122, "26.27.39122.10")
 KERNEL_FIXED = (7, 1)
 
 XE_PEER_OOM_THREAD = "compute-runtime #916"
+XE_PEER_OOM_FAILURE = "every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"
 HOST_COPY_THREADS = "compute-runtime #953, #980; vllm #50269"
 
 
@@ -147,6 +149,14 @@ VARIABLES = (
 )
 VARIABLE_NAMES = tuple(v.name for v in VARIABLES)
 
+# What turning P2P off costs (ForceZeDeviceCanAccessPerReturnValue=0): oneCCL builds its
+# P2P table from zeDeviceCanAccessPeer (compute-runtime #980); the figure is a community
+# measurement, not a vLLM A/B.
+NO_PEER_ACCESS_COST = (
+    "oneCCL falls back to host-staged collectives (a community figure: about 20 % slower at "
+    "TP 2 on 2x B70; no public vLLM A/B)"
+)
+
 # --- what Intel's people say (they differ) ---------------------------------------------
 
 INTEL_POSITIONS = (
@@ -157,9 +167,9 @@ INTEL_POSITIONS = (
     "#953, quoted in llm-scaler #618)",
 )
 INTERIM = (
-    "Intel's interim workaround (vllm #50269); the production route Intel's driver "
-    f"maintainer names is compute-runtime {PRODUCTION_ROUTE.name} (compute-runtime #953: "
-    f"{PRODUCTION_ROUTE_CAVEATS})"
+    "Intel's interim workaround (vllm #50269); compute-runtime's maintainer calls debug keys "
+    f"debug-only and names compute-runtime {PRODUCTION_ROUTE.name} as the production route "
+    f"(compute-runtime #953: {PRODUCTION_ROUTE_CAVEATS})"
 )
 
 
@@ -179,6 +189,8 @@ class DebugKeys:
     peer_access_off: bool
     # One line per value the driver would not take, as "NAME=value (accepted: ...)".
     not_understood: tuple[str, ...] = ()
+    # The keys that were given a value the driver takes, with that value.
+    values: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def host_copy_prevented_by(self) -> str | None:
@@ -210,6 +222,7 @@ def debug_keys(environ: Mapping[str, str]) -> DebugKeys:
         defer_backing_off=read and values[DEFER_BACKING] == 0,
         peer_access_off=read and values[FORCE_PEER_ACCESS] == 0,
         not_understood=tuple(problems),
+        values={name: value for name, value in values.items() if value is not None},
     )
 
 
