@@ -225,10 +225,12 @@ def kernel(sysroot: Path) -> Kernel:
 
 
 def kernel_from_release(text: str) -> Kernel:
+    # Shown in one-line messages: a release with control characters is shown escaped.
+    shown = text if text.isprintable() else ascii(text)
     version = facts.parse_kernel(text)
     if version is None:
-        return Kernel(text, None, f"kernel release {text!r} is not major.minor[...]")
-    return Kernel(text, version)
+        return Kernel(shown, None, f"kernel release {text!r} is not major.minor[...]")
+    return Kernel(shown, version)
 
 
 @dataclass(frozen=True)
