@@ -23,6 +23,25 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("small-model"), SMALL)
 
 
+# Variables the Intel driver reads: a test that leaves one changed in os.environ changes
+# what every later process of the run inherits (the Ray cluster, servers).
+DRIVER_VARIABLES = (
+    "NEOReadDebugKeys",
+    "EnableDeferBacking",
+    "ForceZeDeviceCanAccessPerReturnValue",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+)
+
+
+@pytest.fixture(autouse=True)
+def no_driver_variable_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = {name: os.environ.get(name) for name in DRIVER_VARIABLES}
+    yield
+    after = {name: os.environ.get(name) for name in DRIVER_VARIABLES}
+    assert after == before, f"{request.node.nodeid} left driver variables changed: {after}"
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No plugin variable from the developer's shell leaks into a test."""

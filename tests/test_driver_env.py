@@ -177,7 +177,10 @@ def guard_in_process(tmp_path, monkeypatch, caplog):
     from vllm_xpu_memfix.core.process import ProcessRole
 
     for name in DRIVER_NAMES:
-        monkeypatch.delenv(name, raising=False)
+        # Set, then delete: monkeypatch then restores the key's absence after the test,
+        # also when install() has set it in os.environ.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(driver_env, "logger", logging.getLogger("test.driver_env"))
     caplog.set_level(logging.DEBUG, "test.driver_env")
 
