@@ -26,6 +26,7 @@ def build_host(
     mem_total_gib: int = 128,
     mem_available_gib: float = 120.0,
     vram_gib: int | None = 32,
+    kernel: str | None = None,
 ) -> Path:
     drm = root / "sys/class/drm"
     drm.mkdir(parents=True)
@@ -73,6 +74,9 @@ def build_host(
     )
     (proc / "status").write_text("Name:\tpython3\nRssAnon:\t  204800 kB\nRssFile:\t  102400 kB\n")
     (proc / "cgroup").write_text("0::/\n")
+    if kernel is not None:
+        (root / "proc/sys/kernel").mkdir(parents=True)
+        (root / "proc/sys/kernel/osrelease").write_text(f"{kernel}\n")
     return root
 
 
