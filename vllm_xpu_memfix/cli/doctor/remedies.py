@@ -149,7 +149,12 @@ def _candidates(
                 replace(inp, kernel=dfacts.KERNEL_FIXED),
             )
         )
-    if inp.staging and inp.staging_ranks > 1:
+    # Staging matters where it is the whole shard, or where the load is what runs out.
+    staging_matters = inp.legacy_load or out.fails_at == {
+        "phase": codes.LOAD,
+        "where": codes.HOST,
+    }
+    if inp.staging and inp.staging_ranks > 1 and staging_matters:
         slots = _slots(inp)
         honour = "" if measured.plugin else f" with {PLUGIN} installed (vLLM alone ignores it)"
         found.append(
@@ -160,7 +165,7 @@ def _candidates(
                 replace(inp, staging_slots=slots),
             )
         )
-    if inp.on_the_fly:
+    if inp.on_the_fly and staging_matters:
         found.append(
             (
                 codes.PREQUANTIZED_CHECKPOINT,
