@@ -1,6 +1,7 @@
 """doctor --host (a machine described in TOML), --write-host, and the pasted serve line:
 what is read, what is refused (one line, exit 2, no traceback), and the round trip on this
 machine."""
+# ruff: noqa: E501  (the tables of bad input read best one case a line)
 
 from __future__ import annotations
 
@@ -347,6 +348,7 @@ def test_written_values_read_back_exactly():
     """GiB figures are written as Python reprs of bytes / 2**30: exact in binary floating
     point, so the bytes read back are the bytes written."""
     from vllm_xpu_memfix.cli.doctor.described import write_host
+    from vllm_xpu_memfix.fixes.driver_env import Decision
     from vllm_xpu_memfix.intel import driver
     from vllm_xpu_memfix.memory.room import Room
     from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
@@ -359,7 +361,7 @@ def test_written_values_read_back_exactly():
         visible=gpus,
         runtime=driver.runtime_from_version("26.14.37833.4-1~24.04", "dpkg"),
         level_zero_loader=None,
-        guard=__import__("vllm_xpu_memfix.fixes.driver_env", fromlist=["x"]).Decision(False, ""),
+        guard=Decision(False, ""),
         device_bytes=34_359_738_368,
         device_source="sysfs",
         ckpt=None,
