@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm_xpu_memfix.cli.doctor import codes
+from vllm_xpu_memfix.cli.doctor import catalog, codes
 from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM, GiB, MiB
 from vllm_xpu_memfix.intel import driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
@@ -269,13 +269,13 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
             )
         )
     if inp.int4_layouts == 2:
-        extra = inp.linear_params / inp.tp * (inp.linear_bytes_per_weight / 2)
+        extra = inp.linear_params / inp.tp * (inp.linear_bytes_per_weight - catalog.ONE_LAYOUT)
         causes.append(
             Cause(
                 codes.DUPLICATE_INT4_LAYOUT,
                 extra * gib,
                 f"two device layouts per sym_int4 weight ({inp.linear_bytes_per_weight} B per "
-                "weight element instead of half that): the second is this much per rank",
+                f"weight element instead of {catalog.ONE_LAYOUT}): the second, per rank",
             )
         )
     if inp.burst is not None:

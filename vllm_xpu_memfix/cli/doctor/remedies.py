@@ -161,7 +161,7 @@ def _candidates(
             (
                 codes.LOAD_SLOTS,
                 f"--max-parallel-loading-workers {slots}{honour}: {slots} rank(s) stage at once",
-                f"the load takes up to {inp.staging_ranks / slots:.0f}x as long",
+                f"the load takes up to {inp.staging_ranks / slots:.1f}x as long",
                 replace(inp, staging_slots=slots),
             )
         )
