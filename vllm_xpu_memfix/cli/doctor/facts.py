@@ -176,6 +176,14 @@ def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
             return None, ""
         return checkpoint_from_params(args.params, _params_dtype(args)), "--params"
     path = Path(args.model)
+    if (
+        not path.exists()
+        and args.params is not None
+        and not hub_cache.looks_like_repo_id(args.model)
+    ):
+        # A path on another machine (a pasted serve line, a --host machine): the size given.
+        ckpt = checkpoint_from_params(args.params, _params_dtype(args))
+        return ckpt, f"{args.model} (not on this machine)"
     if path.is_dir() or path.exists() or not hub_cache.looks_like_repo_id(args.model):
         return read_checkpoint(path, args.params), str(path)
     try:

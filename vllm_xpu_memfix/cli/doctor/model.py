@@ -330,6 +330,4 @@ def run(inp: Inputs) -> Outcome:
                 )
             if judged == codes.AT_RISK and worst == codes.FITS:
                 worst, why = codes.AT_RISK, f"{where} at {name}"
-    if worst == codes.FITS and inp.xe_peer_oom is None:
-        worst, why = codes.AT_RISK, "compute-runtime #916 cannot be ruled out"
     return Outcome(inp, phases, causes, worst, None, why)
