@@ -380,3 +380,14 @@ def test_written_values_read_back_exactly():
     assert back.runtime is not None and back.runtime.build == 37833
     assert back.env == {"NEOReadDebugKeys": "1"}, "no path of this machine, nothing unrelated"
     assert back.plugin
+
+
+def test_a_model_path_on_another_machine_is_sized_from_params():
+    got = doctor(
+        "--json", "--params", "8B", "--", "vllm", "serve", "/llm/models/Qwen3-8B", "-tp", "1"
+    )
+    assert got.returncode == 0, got.stderr
+    model = json.loads(got.stdout)["model"]
+    assert model["model"] == "/llm/models/Qwen3-8B (not on this machine)"
+    assert model["checkpoint_bytes"] == 16 * 10**9
+    refused(doctor("--", "vllm", "serve", "/llm/models/Qwen3-8B"))  # without --params: refused
