@@ -92,6 +92,7 @@ def test_absent_keys_are_assumed_aloud():
     described = parsed('[host]\nram_gib = 64\n[[gpu]]\npci_id = "0xe211"\n')
     assert described.available == int(64 * GiB - 3.2 * GiB)
     assert described.gpus[0].name == "Arc Pro B60" and described.gpus[0].count == 1
+    assert described.swap == 0, "no swap, as the assumption says"
     assert described.assumed[:4] == (
         "available_gib not given: ram_gib less 3.2 GiB for the OS and other processes (5%, "
         "at least 2 GiB)",

@@ -169,6 +169,7 @@ def _host(reader: _Reader, table: dict[str, Any], assumed: list[str]) -> dict[st
         assumed.append("no ram_gib or available_gib: the host side is not judged")
     swap = _gib(reader, table, "swap_gib", SIZE)
     if swap is None:
+        swap = 0
         assumed.append("swap_gib not given: no swap")
     limit = _gib(reader, table, "cgroup_limit_gib", SIZE) or None
     used = _gib(reader, table, "cgroup_used_gib", SIZE)

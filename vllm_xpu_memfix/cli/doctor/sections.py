@@ -56,7 +56,9 @@ def gpu_section(measured: Measurement) -> dict[str, Any]:
         "visible_battlemage": measured.visible_battlemage,
         "device_memory_bytes": measured.device_bytes,
         "device_memory_source": measured.device_source,
-        "compute_runtime": f"{runtime.version} ({runtime.source})" if runtime else "not found",
+        "compute_runtime": f"{runtime.version} ({runtime.source})"
+        if runtime
+        else ("not given" if measured.described else "not found"),
         "runtime_in_mirror_range": measured.runtime_affected,
         "kernel": (measured.kernel.release if measured.kernel else None) or "unknown",
         "level_zero_loader": measured.level_zero_loader or "not found",
