@@ -13,6 +13,8 @@ import pytest
 from hosts import B70, build_host, qwen_27b_like
 
 GiB = 1024**3
+# A kernel with the xe fix (7.1), so that compute-runtime #916 does not decide these cases.
+KERNEL = "7.1.8-generic"
 ISSUE_703 = [
     "--tensor-parallel-size",
     "4",
@@ -44,7 +46,9 @@ def doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def issue_703(tmp_path_factory):
     base = tmp_path_factory.mktemp("703")
-    host = build_host(base / "host", [B70] * 4, mem_total_gib=128, mem_available_gib=120)
+    host = build_host(
+        base / "host", [B70] * 4, mem_total_gib=128, mem_available_gib=120, kernel=KERNEL
+    )
     model = qwen_27b_like(base / "Qwen-27B")
     return host, model
 
@@ -101,7 +105,9 @@ def test_a_container_limit_is_the_room_the_verdict_checks(issue_703, tmp_path):
     from vllm_xpu_memfix.memory.room import host_room
 
     _, model = issue_703
-    host = build_host(tmp_path / "host", [B70] * 4, mem_total_gib=128, mem_available_gib=120)
+    host = build_host(
+        tmp_path / "host", [B70] * 4, mem_total_gib=128, mem_available_gib=120, kernel=KERNEL
+    )
     cgroup = host / "sys/fs/cgroup"
     cgroup.mkdir(parents=True)
     (cgroup / "memory.max").write_text(f"{64 * GiB}\n")
@@ -133,7 +139,12 @@ def test_703_human_report(issue_703):
     out = result.stdout
     assert "card1 0000:03:00.0 0xe223 Arc Pro B70" in out
     assert "compute-runtime 26.14.37833.4-1~24.04 (dpkg: intel-opencl-icd)" in out
-    assert "Verdict: WILL RUN OUT OF MEMORY (largest part: driver mirror)" in out
+    assert (
+        "Verdict: WILL RUN OUT OF MEMORY at kv_cache, on the host (largest part: driver mirror)"
+        in out
+    )
+    assert "  kv_cache  host   131.8 GiB   device   29.4 GiB  <- runs out on the host" in out
+    assert "not modelled" not in out, "doctor's own flags: the unknown ones are ignored"
     assert "host: driver mirror    29.4 GiB" in out
     assert "ignoring --enable-auto-tool-choice --port 8020" in result.stderr
 
@@ -155,7 +166,8 @@ def test_offload_before_quant_adds_the_whole_shard(issue_703):
     shard = plain["model"]["checkpoint_bytes"] / 4
     extra = held["per_rank"]["quantization_staging"] - plain["per_rank"]["quantization_staging"]
     assert extra == pytest.approx(shard)
-    assert any("VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT" in c for c in held["changes"])
+    (staging,) = [c for c in held["causes"] if c["code"] == "quant_staging"]
+    assert staging["why"].startswith("whole 16-bit shard (legacy load)")
 
 
 def test_test_bed_model_on_this_machine_gives_a_sane_report(tiny_model):
@@ -164,7 +176,7 @@ def test_test_bed_model_on_this_machine_gives_a_sane_report(tiny_model):
     out = result.stdout
     assert "Verdict: FITS" in out
     assert "driver guard does not apply" in out
-    assert "Host\n  RAM " in out
+    assert "Host (this machine)\n  RAM " in out
 
 
 def test_bad_model_directory_is_a_clear_error(tmp_path):
@@ -231,7 +243,9 @@ def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_w
     """TP 4 on a host with 48 GiB available: four 12.5 GiB shards at once do not fit; the
     lock sizes its slots from that room (0.8 x 48 GiB holds two shards' 1.5x peaks), and two
     at a time fit. With the lock off, doctor recommends vLLM's own flag."""
-    host = build_host(tmp_path / "host", [B70] * 4, mem_total_gib=64, mem_available_gib=48)
+    host = build_host(
+        tmp_path / "host", [B70] * 4, mem_total_gib=64, mem_available_gib=48, kernel=KERNEL
+    )
     model = qwen_27b_like(tmp_path / "Qwen-27B")
     reads = "import os\nLEGACY = os.environ.get('VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT') == '1'\n"
     env = {
@@ -252,8 +266,11 @@ def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_w
     assert (
         unlocked["verdict"] == "will run out of memory" and locked["verdict"] != unlocked["verdict"]
     )
-    flag = [c for c in unlocked["changes"] if "--max-parallel-loading-workers 1" in c]
-    assert flag and not [c for c in locked["changes"] if "--max-parallel-loading-workers" in c]
+    (slots,) = [r for r in unlocked["remedies"] if r["code"] == "load_slots"]
+    assert slots["what"].startswith("--max-parallel-loading-workers 2: 2 rank(s) stage at once")
+    assert slots["verdict_after"] != "will run out of memory"
+    assert slots["host_need_after_gib"] * GiB == pytest.approx(locked["total"]["host_need"], 1e-3)
+    assert not [r for r in locked["remedies"] if r["code"] == "load_slots"]
     with_flag = json.loads(
         doctor(
             str(model),

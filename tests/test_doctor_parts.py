@@ -8,10 +8,10 @@ from dataclasses import replace
 
 from hosts import B70, build_host
 
-from vllm_xpu_memfix.cli.doctor import advice, facts, predict, render
+from vllm_xpu_memfix.cli.doctor import advice, facts, model, predict, remedies, render
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes.driver_env import Decision
-from vllm_xpu_memfix.intel.driver import Gpu
+from vllm_xpu_memfix.intel.driver import Gpu, kernel_from_release
 from vllm_xpu_memfix.memory.checkpoint import checkpoint_from_params
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
@@ -21,7 +21,7 @@ TP4 = facts.ServeArgs(model=None, tensor_parallel_size=4, gpu_memory_utilization
 
 
 def four_b70(room_gib: float = 64, guard_applies: bool = False) -> facts.Measurement:
-    """Four visible B70 (32 GiB each) on a runtime taken as affected, no model."""
+    """Four visible B70 (32 GiB each) on a runtime taken as affected, kernel 7.1, no model."""
     gpus = [Gpu(f"card{i}", 0xE223, f"0000:0{i}:00.0", 32 * GiB) for i in range(4)]
     return facts.Measurement(
         snap=Snapshot(ts=0.0, pid=1, mem_available=int(room_gib * GiB)),
@@ -37,6 +37,7 @@ def four_b70(room_gib: float = 64, guard_applies: bool = False) -> facts.Measure
         legacy=(False, f"{facts.OFFLOAD} unset: one layer in flight"),
         room=Room(int(room_gib * GiB), CgroupMemory()),
         load_slots=None,
+        kernel=kernel_from_release("7.1.0"),  # compute-runtime #916 ruled out
     )
 
 
@@ -74,8 +75,13 @@ def test_predict_counts_the_mirror_on_each_rank_until_the_guard_applies():
     estimate = predict.decide(four_b70(), TP4, {})
     mirror = 32 * GiB * 0.9
     assert estimate.mirror_active and estimate.per_rank["driver_mirror"] == mirror
-    assert estimate.need == 4 * (mirror + predict.BASELINE_PER_RANK)
+    phases = estimate.outcome.phases
+    assert phases["kv_cache"].host == 4 * (mirror + predict.BASELINE_PER_RANK)
+    warmup = mirror + model.WARMUP_OUTSIDE_TORCH  # no model: no sampler burst
+    assert phases["warmup"].host == 4 * (warmup + predict.BASELINE_PER_RANK)
+    assert estimate.need == phases["warmup"].host
     assert (estimate.verdict, estimate.main_cause) == ("will run out of memory", "driver mirror")
+    assert estimate.outcome.fails_at == {"phase": "kv_cache", "where": "host"}
 
     guarded = predict.decide(four_b70(guard_applies=True), TP4, {})
     assert not guarded.mirror_active and guarded.per_rank["driver_mirror"] == 0
@@ -99,27 +105,36 @@ def test_predict_lets_only_the_ranks_with_a_load_slot_stage_a_legacy_shard():
     assert unlocked.causes["quantization staging"] == 4 * shard
 
 
-def test_advice_puts_the_guard_first_and_offers_a_utilisation_that_fits():
-    measured = four_b70()
-    estimate = predict.decide(measured, TP4, {})
-    changes = advice.advise(measured, estimate, TP4, {})
-    assert changes[0].startswith("let the plugin set NEOReadDebugKeys=1 EnableDeferBacking=0")
-    # 0.85 x 64 GiB room less 4 x 3.5 GiB baseline, over 4 x 32 GiB of device memory.
-    assert changes[1] == "or keep the mirror and lower --gpu-memory-utilization to 0.32"
+def test_remedies_put_the_guard_first_and_find_the_utilisation_that_fits():
+    measured = four_b70(room_gib=80)
+    ranked = remedies.remedies(measured, predict.decide(measured, TP4, {}).outcome)
+    assert [r.code for r in ranked] == [
+        "driver_guard",
+        "gpu_memory_utilization",
+        "no_peer_access",
+        "compute_runtime_26_05",
+        "more_host_ram",
+    ]
+    assert {r.after.verdict for r in ranked} == {"fits"}
+    assert ranked[0].what.startswith("VLLM_XPU_MEMFIX_DRIVER_ENV=auto (or on): the plugin's")
+    assert ranked[0].after.host_need == 4 * predict.BASELINE_PER_RANK
+    # 4 x (u x 32 GiB + 0.5 GiB warm-up) + 14 GiB within 0.85 x 80 GiB: u = 0.40.
+    assert ranked[1].what == "--gpu-memory-utilization 0.40"
+    assert ranked[1].after.host_need == 4 * (0.4 * 32 * GiB + 0.5 * GiB + 3.5 * GiB)
 
     user_set = replace(measured, guard=Decision(False, "user", user_set={"NEOReadDebugKeys": "0"}))
-    assert advice.advise(user_set, estimate, TP4, {})[0].startswith("unset NEOReadDebugKeys:")
+    first = remedies.remedies(user_set, predict.decide(user_set, TP4, {}).outcome)[0]
+    assert first.what.startswith("unset NEOReadDebugKeys: the plugin's driver guard then sets")
 
 
-def test_advice_falls_back_to_more_ram_and_notes_an_unreadable_room():
+def test_remedies_fall_back_to_more_ram_and_notes_an_unreadable_room():
     measured = replace(
         four_b70(guard_applies=True), room=Room(None, CgroupMemory(problem="denied"))
     )
     estimate = predict.decide(measured, TP4, {})
     assert estimate.verdict == "will run out of memory"
-    assert advice.advise(measured, estimate, TP4, {}) == [
-        "add host RAM, or serve on fewer GPUs per host"
-    ]
+    (more,) = remedies.remedies(measured, estimate.outcome)
+    assert more.code == "more_host_ram" and more.after.verdict == "fits"
     assert advice.notes_for(measured, estimate, TP4) == [
         "the host's room could not be read (cgroup unreadable (denied)): taken as 0"
     ]

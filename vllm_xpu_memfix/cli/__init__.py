@@ -82,9 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("command_line", nargs=argparse.REMAINDER, help="the command, after --")
     doctor = sub.add_parser(
         "doctor",
-        help="predict whether a serve command fits in host memory, and why not",
-        description="Takes the arguments of `vllm serve` that matter for memory. "
+        help="predict whether a serve command fits, phase by phase, and why not",
+        usage="vllm-xpu-memfix doctor [--host FILE] [--write-host FILE] [--params N] [--json] "
+        "[MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
+        description="Takes the arguments of `vllm serve` that matter for memory, or the whole "
+        "serve line after --. Judges this machine, or one described in a TOML file (--host). "
         "Reads files only: never loads the model or starts the driver.",
+    )
+    doctor.add_argument(
+        "--host",
+        metavar="FILE",
+        help="judge the machine this TOML file describes (docs/doctor.md), not this one",
+    )
+    doctor.add_argument(
+        "--write-host",
+        metavar="FILE",
+        help="write this machine's host file (--host on it gives the same answer)",
     )
     doctor.add_argument(
         "model",
@@ -97,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_parameter_count,
         help="the model's parameter count (8e9, 8B, 500M) where its weights cannot be read",
     )
-    doctor.add_argument("--tensor-parallel-size", "-tp", type=_number(RANKS), default=1)
-    doctor.add_argument("--gpu-memory-utilization", type=_number(UTILIZATION), default=0.92)
+    doctor.add_argument("--tensor-parallel-size", "-tp", type=_number(RANKS))
+    doctor.add_argument("--gpu-memory-utilization", type=_number(UTILIZATION))
     doctor.add_argument("--quantization", "-q")
     doctor.add_argument("--dtype")
     doctor.add_argument(
@@ -145,8 +158,18 @@ def _parameter_count(text: str) -> int:
     return round(count)
 
 
+def _split_serve_line(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``doctor ... -- vllm serve ...``: doctor's own arguments, and the serve line."""
+    if argv[:1] == ["doctor"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv, serve_line = _split_serve_line(list(sys.argv[1:] if argv is None else argv))
     args, unknown = build_parser().parse_known_args(argv)
+    args.serve_line = serve_line
     if args.command != "doctor" and unknown:
         build_parser().parse_args(argv)  # reports the unknown arguments and exits
     if args.command == "doctor":

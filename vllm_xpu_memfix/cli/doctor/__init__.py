@@ -1,17 +1,24 @@
-"""``vllm-xpu-memfix doctor``: will this serve command fit in host memory, and if not, why.
+"""``vllm-xpu-memfix doctor``: will this serve command fit, phase by phase, and if not, why.
 
 Reads only files: /proc, the cgroup, sysfs, dpkg's status, library names and
 the checkpoint's safetensors headers. It never loads the model or starts the
 driver, so it runs in seconds. The figures are estimates; the ledger of a real
 start is the measurement.
 
+The machine is this one, or one described in a TOML file (``--host FILE``, judged as it
+would run without the plugin unless the file says it is installed); ``--write-host FILE``
+writes this machine's file. The command is doctor's own flags, or a whole ``vllm serve``
+line after ``--``.
+
 The model is a directory or a Hugging Face id, read from the local Hugging Face
 cache (never the network). Whatever doctor could not see or refused is said in the
 report; a checkpoint it cannot read at all exits 2 with one line saying why.
 
-One module a step: ``facts`` reads the host and the model, ``predict`` turns them into
-the need and the verdict, ``advice`` says what to change and what was assumed,
-``sections`` and ``render`` give the report; this module wires them to the command line.
+One module a step: ``facts`` reads the host and the model (``hostfile`` and ``described``
+a machine in a file, ``serveline`` a pasted command), ``predict`` turns them into the
+phase model's inputs (``model``: the phases, causes and verdict), ``remedies`` re-runs the
+model with each remedy, ``advice`` says what to change and what was assumed, ``sections``
+and ``render`` give the report; this module wires them to the command line.
 """
 
 from __future__ import annotations
@@ -20,50 +27,116 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
-from vllm_xpu_memfix.cli.doctor import advice, facts, predict, render, sections
+from vllm_xpu_memfix.cli.doctor import (
+    advice,
+    described,
+    facts,
+    hostfile,
+    predict,
+    remedies,
+    render,
+    sections,
+    serveline,
+)
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 
+DEFAULT_TP = 1
+DEFAULT_UTILIZATION = 0.92
 
-def diagnose(
-    settings: Settings, args: facts.ServeArgs, environ: Mapping[str, str]
-) -> render.Report:
-    measured = facts.measure(settings, args, environ)
-    estimate = predict.decide(measured, args, environ)
+
+def report_for(measured: facts.Measurement, args: facts.ServeArgs) -> render.Report:
+    estimate = predict.decide(measured, args, measured.environ)
+    outcome = estimate.outcome
+    ranked = remedies.remedies(measured, outcome)
     return render.Report(
         host=sections.host_section(measured.snap, measured.room),
         gpus=sections.gpu_section(measured),
-        environment={k: environ[k] for k in facts.RELEVANT_ENV if k in environ},
-        plugin=sections.plugin_section(settings),
+        environment={k: measured.environ[k] for k in facts.RELEVANT_ENV if k in measured.environ},
+        plugin=sections.plugin_section(measured),
         model=sections.model_section(measured, estimate, args),
         per_rank=estimate.per_rank,
         total=estimate.total,
         verdict=estimate.verdict,
         main_cause=estimate.main_cause,
-        changes=advice.advise(measured, estimate, args, environ),
+        changes=[remedy.what for remedy in ranked],
         notes=advice.notes_for(measured, estimate, args),
+        machine=measured.described or "this machine",
+        fails_at=outcome.fails_at,
+        phases=sections.phases_section(outcome),
+        causes=sections.causes_section(outcome),
+        remedies=[remedy.as_dict() for remedy in ranked],
+        assumed=sections.assumed_section(measured, args, outcome),
+        not_modelled=list(args.not_modelled),
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    serve = facts.ServeArgs(
-        model=args.model or None,
-        tensor_parallel_size=args.tensor_parallel_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+def diagnose(
+    settings: Settings, args: facts.ServeArgs, environ: Mapping[str, str]
+) -> render.Report:
+    return report_for(facts.measure(settings, args, environ), args)
+
+
+def _serve_args(args: argparse.Namespace) -> facts.ServeArgs:
+    """doctor's own flags, then the pasted serve line; a value given in both must agree."""
+    given = {
+        "model": args.model or None,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "quantization": args.quantization,
+        "dtype": args.dtype,
+        "max_parallel_loading_workers": args.max_parallel_loading_workers,
+    }
+    base = facts.ServeArgs(
+        model=given["model"],
+        tensor_parallel_size=given["tensor_parallel_size"] or DEFAULT_TP,
+        gpu_memory_utilization=given["gpu_memory_utilization"] or DEFAULT_UTILIZATION,
         quantization=args.quantization,
         dtype=args.dtype,
         device_memory_gib=args.device_memory_gib,
         max_parallel_loading_workers=args.max_parallel_loading_workers,
         params=args.params,
     )
+    line = getattr(args, "serve_line", None)
+    if line is None:
+        return base
+    parsed = serveline.parse(line, replace(base, model=None))
+    for name, value in given.items():
+        if value is not None and getattr(parsed, name) != value:
+            raise serveline.ServeLineError(
+                f"{name} is {value!r} in doctor's flags but {getattr(parsed, name)!r} in the "
+                "serve line; give it in one place"
+            )
+    return parsed
+
+
+def _one_line(message: str) -> str:
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def main(args: argparse.Namespace) -> int:
     try:
-        report = diagnose(config.load(), serve, os.environ)
-    except CheckpointError as exc:
+        serve = _serve_args(args)
+        if args.host:
+            machine = hostfile.load(args.host)
+            measured = described.measurement(machine, serve)
+        else:
+            measured = facts.measure(config.load(), serve, os.environ)
+        if args.write_host:
+            if args.host:
+                raise hostfile.HostFileError("--write-host writes this machine: drop --host")
+            try:
+                Path(args.write_host).write_text(described.write_host(measured))
+            except OSError as exc:
+                raise hostfile.HostFileError(f"{args.write_host}: {exc.strerror or exc}") from None
+        report = report_for(measured, serve)
+    except (CheckpointError, hostfile.HostFileError, serveline.ServeLineError) as exc:
         # One line, whatever a hostile file name holds.
-        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")
-        print(f"doctor: {message}", file=sys.stderr)
+        print(f"doctor: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     print(report.to_json() if args.json else render.render(report, serve))
     return 0

@@ -1,76 +1,13 @@
-"""What to do about the estimate: the changes that would make the serve command fit, best
-first, and the notes on what doctor could not see or had to assume."""
+"""The notes on what doctor could not see or had to assume (what to change is
+``remedies``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor.facts import OFFLOAD, Measurement, ServeArgs
-from vllm_xpu_memfix.cli.doctor.predict import (
-    AT_RISK_SHARE,
-    ON_THE_FLY_QUANT,
-    Estimate,
-    device_weight_bytes,
-    largest_staged_params,
-)
-from vllm_xpu_memfix.cli.doctor.render import gib
-from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
+from vllm_xpu_memfix.cli.doctor.predict import ON_THE_FLY_QUANT, Estimate, largest_staged_params
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
-
-
-def _mirror_changes(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
-    """How to be rid of the driver mirror, or to make room for it."""
-    mirror = estimate.causes["driver mirror"]
-    saved = f"removes the driver mirror (-{gib(mirror)})"
-    if measured.guard.user_set:
-        changes = [
-            f"unset {' '.join(measured.guard.user_set)}: the plugin then sets "
-            f"NEOReadDebugKeys=1 EnableDeferBacking=0, which {saved}"
-        ]
-    else:
-        changes = [
-            "let the plugin set NEOReadDebugKeys=1 EnableDeferBacking=0 "
-            f"({driver_env.FIX.env}=auto or on), which {saved}"
-        ]
-    others = estimate.need - mirror
-    device_bytes, room = measured.device_bytes, estimate.room
-    if device_bytes and room > others:
-        fit_util = (AT_RISK_SHARE * room - others) / (args.tensor_parallel_size * device_bytes)
-        if 0 < fit_util < args.gpu_memory_utilization:
-            changes.append(
-                f"or keep the mirror and lower --gpu-memory-utilization to {fit_util:.2f}"
-            )
-    return changes
-
-
-def advise(
-    measured: Measurement, estimate: Estimate, args: ServeArgs, environ: Mapping[str, str]
-) -> list[str]:
-    """The changes to the serve command or the host that would make it fit, best first."""
-    changes = _mirror_changes(measured, estimate, args) if estimate.mirror_active else []
-    staging = estimate.per_rank["quantization_staging"]
-    fits = estimate.verdict == "fits"
-    tp = args.tensor_parallel_size
-    if measured.legacy[0] and staging:
-        changes.append(f"unset {OFFLOAD}: it keeps each rank's 16-bit shard on the host")
-    if staging and not fits and tp > 1 and not measured.load_slots:
-        saved = (tp - 1) * staging
-        changes.append(
-            f"pass --max-parallel-loading-workers 1 (the plugin's load lock makes vLLM honour "
-            f"it): one rank stages at a time (-{gib(saved)})"
-        )
-    if staging and not fits:
-        changes.append(
-            "serve a checkpoint quantized ahead of time: no weights are converted on the host"
-        )
-    if "cgroup_room" in estimate.total and not fits:
-        changes.append(
-            "raise the container's memory limit (docker run --memory): the room is what it leaves"
-        )
-    if not fits and not changes:
-        changes.append("add host RAM, or serve on fewer GPUs per host")
-    return changes
 
 
 def head_notes(config: dict[str, Any], tp: int) -> list[str]:
@@ -120,7 +57,7 @@ def _model_notes(ckpt: Checkpoint, args: ServeArgs) -> list[str]:
 def notes_for(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
     tp = args.tensor_parallel_size
     notes = []
-    if measured.room.problem:
+    if measured.room.problem and measured.described is None:
         notes.append(f"the host's room could not be read ({measured.room.problem}): taken as 0")
     if len(measured.visible) < tp and measured.gpus:
         notes.append(
@@ -132,7 +69,7 @@ def notes_for(measured: Measurement, estimate: Estimate, args: ServeArgs) -> lis
     if (
         ckpt is not None
         and measured.device_bytes
-        and device_weight_bytes(ckpt, args) / tp > estimate.per_rank["device_use"]
+        and estimate.outcome.inputs.weights > estimate.per_rank["device_use"]
     ):
         notes.append("the weights alone exceed the device memory at this utilisation")
     return notes

@@ -4,9 +4,10 @@ the checkpoint. Files only; nothing is loaded or started."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_xpu_memfix.cli.doctor import catalog
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.units import GiB
@@ -45,6 +46,13 @@ class ServeArgs:
     device_memory_gib: float | None = None
     max_parallel_loading_workers: int | None = None
     params: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_dtype: str | None = None
+    # Flags of a pasted serve line that doctor does not model, as given.
+    not_modelled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,18 @@ class Measurement:
     legacy: tuple[bool, str]
     room: Room
     load_slots: int | None
+    kernel: driver.Kernel | None = None
+    # What the serving processes run with: this process's environment, or a host file's.
+    environ: Mapping[str, str] = field(default_factory=dict)
+    # Whether the plugin's fixes count (always here; a host file's [plugin] installed).
+    plugin: bool = True
+    settings: Settings | None = None
+    image: catalog.Image | None = None
+    int4_layouts: int = 1  # device layouts per sym_int4 weight
+    int4_layouts_from: str = "assumed: one layout"
+    # Where the facts come from: None for this machine, else the host file.
+    described: str | None = None
+    assumed: tuple[str, ...] = ()
 
     @property
     def visible_battlemage(self) -> int:
@@ -108,6 +128,22 @@ def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
     return True, f"{OFFLOAD}=1: sym_int4's legacy load holds the whole 16-bit shard"
 
 
+def installed_int4_layouts() -> tuple[int, str]:
+    """Device layouts per sym_int4 weight of the installed module: two in 0.21.0-b1's
+    (registered inline), one otherwise; told from its structure (intel/int4_layouts)."""
+    from vllm_xpu_memfix.cli import compat
+    from vllm_xpu_memfix.intel import int4_layouts
+
+    root = compat.installed_vllm_root()
+    source = compat.module_source(root, SYM_INT4) if root is not None else None
+    if source is None:
+        return 1, "assumed one layout: no sym_int4 is installed here"
+    recognised = int4_layouts.recognise(int4_layouts.shape_of_source(source))
+    if recognised.layout is int4_layouts.INLINE_REGISTRATION:
+        return 2, f"the installed sym_int4 ({recognised.layout.key}): two layouts"
+    return 1, f"the installed sym_int4 ({recognised.why}): one layout"
+
+
 def load_slots(
     settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, shard: float
 ) -> int | None:
@@ -140,6 +176,14 @@ def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
             return None, ""
         return checkpoint_from_params(args.params, _params_dtype(args)), "--params"
     path = Path(args.model)
+    if (
+        not path.exists()
+        and args.params is not None
+        and not hub_cache.looks_like_repo_id(args.model)
+    ):
+        # A path on another machine (a pasted serve line, a --host machine): the size given.
+        ckpt = checkpoint_from_params(args.params, _params_dtype(args))
+        return ckpt, f"{args.model} (not on this machine)"
     if path.is_dir() or path.exists() or not hub_cache.looks_like_repo_id(args.model):
         return read_checkpoint(path, args.params), str(path)
     try:
@@ -165,6 +209,9 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     used = visible[: args.tensor_parallel_size] if visible else []
     device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
     legacy = legacy_load(environ)
+    layouts = (
+        installed_int4_layouts() if (args.quantization or "").lower() == "sym_int4" else (1, "")
+    )
     ckpt, model_label = read_model(args)
     shard = ckpt.total_bytes / args.tensor_parallel_size if ckpt else 0.0
     return Measurement(
@@ -181,4 +228,10 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         legacy=legacy,
         room=room,
         load_slots=load_slots(settings, args, legacy[0], room, shard),
+        kernel=driver.kernel(settings.sysroot),
+        environ=dict(environ),
+        plugin=True,
+        settings=settings,
+        int4_layouts=layouts[0],
+        int4_layouts_from=layouts[1],
     )

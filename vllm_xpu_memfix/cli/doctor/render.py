@@ -26,9 +26,21 @@ class Report:
     main_cause: str
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    machine: str = "this machine"
+    fails_at: dict[str, str] | None = None
+    phases: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    remedies: list[dict[str, Any]] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)
+    not_modelled: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
+
+
+def _where(report: Report) -> str:
+    fails = report.fails_at
+    return f" at {fails['phase']}, on the {fails['where']}" if fails else ""
 
 
 def gib(value: float | int | None) -> str:
@@ -37,11 +49,41 @@ def gib(value: float | int | None) -> str:
     return f"{value / GiB:,.1f} GiB" if abs(value) >= GiB else f"{value / 2**20:,.0f} MiB"
 
 
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f} GiB"
+
+
+def _outcome_lines(report: Report) -> list[str]:
+    """The phases, the causes and the remedies."""
+    lines = ["Phases (host: all ranks of the host; device: per rank)"]
+    for name, phase in report.phases.items():
+        mark = ""
+        if report.fails_at and report.fails_at["phase"] == name:
+            mark = f"  <- runs out on the {report.fails_at['where']}"
+        lines.append(
+            f"  {name:<9} host {_figure(phase['host_gib']):>11}   "
+            f"device {_figure(phase['device_gib']):>10}{mark}"
+        )
+    lines.append("Causes")
+    lines += [f"  {c['code']:<22} {c['gib']:>8,.1f} GiB  {c['why']}" for c in report.causes]
+    if report.remedies:
+        lines.append("Remedies (the cheapest that fits first)")
+        for r in report.remedies:
+            lines.append(
+                f"  {r['code']}: {r['what']} -> {r['verdict_after']}, host "
+                f"{r['host_need_after_gib']:,.1f} GiB; cost: {r['cost']}"
+            )
+    lines += [f"  assumed: {a}" for a in report.assumed]
+    if report.not_modelled:
+        lines.append(f"  not modelled: {' '.join(report.not_modelled)}")
+    return lines
+
+
 def render(report: Report, args: ServeArgs) -> str:
     host, gpus = report.host, report.gpus
     limit = "none" if host["cgroup_max"] is None else gib(host["cgroup_max"])
     lines = [
-        "Host",
+        f"Host ({report.machine})",
         f"  RAM {gib(host['mem_total'])}, available {gib(host['mem_available'])}, "
         f"swap {gib(host['swap_total'])} ({gib(host['swap_free'])} free), cgroup limit {limit}",
         "GPUs",
@@ -49,7 +91,7 @@ def render(report: Report, args: ServeArgs) -> str:
         f"  visible: {gpus['visible']} ({gpus['visible_battlemage']} Battlemage); device memory "
         f"{gib(gpus['device_memory_bytes'])} ({gpus['device_memory_source']})",
         f"  compute-runtime {gpus['compute_runtime']}; "
-        f"Level Zero loader {gpus['level_zero_loader']}",
+        f"Level Zero loader {gpus['level_zero_loader']}; kernel {gpus.get('kernel', 'unknown')}",
         f"  driver guard {gpus['driver_guard']}",
         "Environment",
         *(f"  {k}={v}" for k, v in report.environment.items()),
@@ -81,7 +123,8 @@ def render(report: Report, args: ServeArgs) -> str:
         f"  need {gib(report.total['host_need'])} + checkpoint page cache "
         f"{gib(report.total['page_cache'])} (reclaimable), "
         f"against the {report.host['room_detail']}",
-        f"Verdict: {report.verdict.upper()} (largest part: {report.main_cause})",
+        *_outcome_lines(report),
+        f"Verdict: {report.verdict.upper()}{_where(report)} (largest part: {report.main_cause})",
         *(f"  - {change}" for change in report.changes),
         *(f"  note: {note}" for note in report.notes),
     ]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_xpu_memfix.cli.doctor import catalog, model, predict
 from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
-from vllm_xpu_memfix.cli.doctor.predict import Estimate, device_weight_bytes
+from vllm_xpu_memfix.cli.doctor.predict import Estimate
 from vllm_xpu_memfix.cli.doctor.render import SELF_CHECK
-from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import int4_self_check
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import Snapshot
@@ -27,7 +28,7 @@ def model_section(
         "checkpoint_bytes": ckpt.total_bytes,
         "size_from": "safetensors headers" if ckpt.complete else ckpt.declared_from,
         "checkpoint_dtype": ckpt.dtype,
-        "device_weight_bytes_per_rank": device_weight_bytes(ckpt, args) / args.tensor_parallel_size,
+        "device_weight_bytes_per_rank": estimate.outcome.inputs.weights,
         "staging": estimate.staging_why,
     }
 
@@ -49,26 +50,73 @@ def gpu_section(measured: Measurement) -> dict[str, Any]:
     runtime, guard = measured.runtime, measured.guard
     return {
         "intel_gpus": [
-            f"{g.card} {g.pci_slot} 0x{g.device_id:04x} {g.product}" for g in measured.gpus
+            f"{g.card} {g.pci_slot} 0x{g.device_id:04x} {catalog.product(g)}" for g in measured.gpus
         ],
         "visible": len(measured.visible),
         "visible_battlemage": measured.visible_battlemage,
         "device_memory_bytes": measured.device_bytes,
         "device_memory_source": measured.device_source,
-        "compute_runtime": f"{runtime.version} ({runtime.source})" if runtime else "not found",
+        "compute_runtime": f"{runtime.version} ({runtime.source})"
+        if runtime
+        else ("not given" if measured.described else "not found"),
         "runtime_in_mirror_range": measured.runtime_affected,
+        "kernel": (measured.kernel.release if measured.kernel else None) or "unknown",
         "level_zero_loader": measured.level_zero_loader or "not found",
         "driver_guard": f"{'applies' if guard.apply else 'does not apply'}: {guard.reason}",
     }
 
 
-def plugin_section(settings: Settings) -> dict[str, str]:
+def plugin_section(measured: Measurement) -> dict[str, str]:
     from vllm_xpu_memfix.cli import compat
     from vllm_xpu_memfix.cli.check import sym_int4_layout
 
+    settings = measured.settings
+    if not measured.plugin or settings is None:
+        return {"enabled": "False", "installed": "False (judged without the plugin)"}
     plugin = {key: mode.value for key, mode in settings.modes.items()}
     plugin["enabled"] = str(settings.enabled)
+    if measured.described is not None:
+        plugin["sym_int4"] = measured.int4_layouts_from
+        return plugin
     root = compat.installed_vllm_root()
     plugin["sym_int4"] = sym_int4_layout(root) if root is not None else "vLLM not installed"
     plugin[SELF_CHECK] = int4_self_check.describe(settings.lock_dir)
     return plugin
+
+
+def _gib(value: float | None) -> float | None:
+    return None if value is None else round(value / GiB, 2)
+
+
+def phases_section(outcome: model.Outcome) -> dict[str, dict[str, float | None]]:
+    """Per phase: host need summed over the ranks of the host, device need per rank."""
+    return {
+        name: {"host_gib": _gib(phase.host), "device_gib": _gib(phase.device)}
+        for name, phase in outcome.phases.items()
+    }
+
+
+def causes_section(outcome: model.Outcome) -> list[dict[str, object]]:
+    return [{"code": c.code, "gib": round(c.gib, 2), "why": c.why} for c in outcome.causes]
+
+
+def assumed_section(measured: Measurement, args: ServeArgs, outcome: model.Outcome) -> list[str]:
+    """What doctor took where it was not told."""
+    assumed = list(measured.assumed)
+    if args.max_num_seqs is None:
+        assumed.append(f"--max-num-seqs not given: vLLM's {predict.DEFAULT_MAX_NUM_SEQS}")
+    if args.max_num_batched_tokens is None:
+        assumed.append(
+            f"--max-num-batched-tokens not given: vLLM's {predict.DEFAULT_BATCHED_TOKENS}"
+        )
+    inputs = outcome.inputs
+    if measured.ckpt is not None and inputs.burst is None:
+        assumed.append("no vocab_size in config.json: the sampler warm-up is not counted")
+    if measured.ckpt is not None and not inputs.activation_bytes:
+        assumed.append("no hidden_size in config.json: the activations are not counted")
+    if inputs.device_bytes is not None:
+        assumed.append(
+            f"the warm-up adds {model.WARMUP_OUTSIDE_TORCH / GiB:g} GiB a rank outside torch "
+            "(Level Zero modules, oneCCL buffers)"
+        )
+    return assumed

@@ -1,0 +1,184 @@
+"""What doctor knows without being told: Intel GPU models (id, memory) and Intel's
+llm-scaler vLLM images (their sym_int4, the variables their Dockerfile sets, the
+compute-runtime they bundle), each row with its source.
+
+A host file's own value always wins over a row here (``[gpu] memory_gib``,
+``[driver] compute_runtime``, ``[env]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm_xpu_memfix.intel import driver
+
+# --- GPU models ---------------------------------------------------------------------------
+# Device ids: compute-runtime's device_ids_configs_bmg.h (driver.BMG_G21 / BMG_G31) and
+# shared/source/xe_hpg_core/dg2/definitions/device_ids_configs_dg2_base.h (DG2 G10: 0x56A0
+# A770, 0x56A1 A750, 0x56A2 A580; G11: 0x56A5 A380; G12: 0x56B3 Pro A60). Names per id:
+# the PCI ID Repository (pci.ids). Memory: Intel's product pages (A770: the 16 GB card;
+# an 8 GB A770 exists, so give memory_gib for it).
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    device_id: int
+    memory_gib: float
+    note: str = ""
+
+
+GPU_MODELS = (
+    GpuModel("Arc Pro B70", 0xE223, 32),
+    GpuModel("Arc Pro B60", 0xE211, 24),
+    GpuModel("Arc Pro B50", 0xE212, 16),
+    GpuModel("Arc B580", 0xE20B, 12),
+    GpuModel("Arc B570", 0xE20C, 10),
+    GpuModel("Arc A770", 0x56A0, 16, "the 16 GB card assumed; an 8 GB A770 exists"),
+    GpuModel("Arc A750", 0x56A1, 8),
+    GpuModel("Arc A580", 0x56A2, 8),
+    GpuModel("Arc A380", 0x56A5, 6),
+    GpuModel("Arc Pro A60", 0x56B3, 12),
+)
+_BY_NAME = {m.name.lower(): m for m in GPU_MODELS}
+_BY_ID = {m.device_id: m for m in GPU_MODELS}
+for _id, (_name, _gib) in driver.KNOWN_PRODUCTS.items():
+    assert _BY_ID[_id].name == _name and _BY_ID[_id].memory_gib == _gib, _name
+
+
+def model_named(name: str) -> GpuModel | None:
+    """``Arc Pro B70``, ``arc pro b70`` or ``B70`` (the name without ``Arc``/``Arc Pro``)."""
+    wanted = " ".join(name.lower().split())
+    if wanted in _BY_NAME:
+        return _BY_NAME[wanted]
+    short = [m for m in GPU_MODELS if m.name.lower().split()[-1] == wanted]
+    return short[0] if len(short) == 1 else None
+
+
+def model_of(device_id: int) -> GpuModel | None:
+    return _BY_ID.get(device_id)
+
+
+def product(gpu: driver.Gpu) -> str:
+    known = _BY_ID.get(gpu.device_id)
+    return known.name if known else gpu.product
+
+
+GPU_NAMES = ", ".join(m.name for m in GPU_MODELS)
+
+# --- llm-scaler images --------------------------------------------------------------------
+
+# sym_int4's device bytes per linear weight element (4 bits, fp16 scale per group of 128,
+# padding): one layout, or two in 0.21.0-b1 (ESIMD + transposed oneDNN copy), as worked out
+# from the module (research PUBLIC-RECORD, "Intel's sym_int4").
+ONE_LAYOUT = 0.535
+TWO_LAYOUTS = 1.035
+OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
+Q40_LIB = "VLLM_QUANTIZE_Q40_LIB"
+
+
+@dataclass(frozen=True)
+class Image:
+    tag: str  # the part after "intel/llm-scaler-vllm:"
+    source: str
+    # The sym_int4 load: "legacy" (whole 16-bit shard on the host: the module reads
+    # VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT and the Dockerfile sets it), "layerwise".
+    load: str
+    int4_bytes_per_weight: float
+    int4_layout: str
+    env: dict[str, str] = field(default_factory=dict)
+    compute_runtime: str | None = None
+    compute_runtime_source: str = "not known to doctor"
+
+    @property
+    def duplicate_layout(self) -> bool:
+        return self.int4_bytes_per_weight > ONE_LAYOUT
+
+
+_SET_021 = {OFFLOAD: "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+IMAGES = (
+    Image(
+        "0.10.2-b5",
+        "llm-scaler tag vllm-0.10.2-b5: vllm/docker/Dockerfile (ENV), "
+        "vllm/patches/vllm_for_multi_arc.patch (reads the variable)",
+        "legacy",
+        ONE_LAYOUT,
+        "before the 0.14 seam",
+        dict(_SET_021),
+    ),
+    Image(
+        "0.14.0-b8.2",
+        "llm-scaler tag vllm-0.14.0-b8.2: vllm/docker/Dockerfile, vllm_for_multi_arc.patch",
+        "legacy",
+        ONE_LAYOUT,
+        "before the 0.14 seam",
+        dict(_SET_021),
+        "26.09",
+        "llm-scaler #382 (as the research record gives it)",
+    ),
+    Image(
+        "0.14.0-b8.3",
+        "llm-scaler tag vllm-0.14.0-b8.3: vllm/docker/Dockerfile, vllm_for_multi_arc.patch",
+        "legacy",
+        ONE_LAYOUT,
+        "seam (0.14, b8.3 line)",
+        dict(_SET_021),
+    ),
+    Image(
+        "0.21.0-b1",
+        "llm-scaler tag vllm-0.21.0-b1: vllm/docker/Dockerfile, vllm_for_multi_arc.patch "
+        "(layouts registered inline: weight_esimd and transpose_onednn_woq_format)",
+        "legacy",
+        TWO_LAYOUTS,
+        "inline-registration (0.21 b1)",
+        dict(_SET_021),
+    ),
+    Image(
+        "0.21.0-b2",
+        "llm-scaler tag vllm-0.21.0-b2: vllm/docker/Dockerfile, vllm_for_multi_arc.patch "
+        "(_register_linear_int4_layouts; llm-scaler PR #589 aliases the two layouts)",
+        "legacy",
+        ONE_LAYOUT,
+        "host-round-trip (0.21 b2)",
+        dict(_SET_021),
+    ),
+    Image(
+        "0.21.0-b3.1",
+        "llm-scaler #618 (its compute-runtime); its module is taken to be 0.21.0-b2's",
+        "legacy",
+        ONE_LAYOUT,
+        "host-round-trip (0.21 b2), assumed",
+        dict(_SET_021),
+        "26.14",
+        "llm-scaler #618 (the image's own, not the host's 26.27)",
+    ),
+    Image(
+        "0.26.0-b1",
+        "llm-scaler #672, #697: the variable is set but no longer read; upstream layerwise "
+        "processing (finalize_layerwise_processing)",
+        "layerwise",
+        ONE_LAYOUT,
+        "0.26 (layerwise), assumed one layout",
+        dict(_SET_021),
+    ),
+    Image(
+        "0.26.0-b2",
+        "llm-scaler #672, #697, #703: as 0.26.0-b1",
+        "layerwise",
+        ONE_LAYOUT,
+        "0.26 (layerwise), assumed one layout",
+        dict(_SET_021),
+    ),
+)
+_IMAGES = {image.tag: image for image in IMAGES}
+# The image to move to from one that keeps two layouts per int4 weight.
+ONE_LAYOUT_IMAGE = "intel/llm-scaler-vllm:0.21.0-b2"
+
+
+def image_named(name: str) -> Image | None:
+    """``intel/llm-scaler-vllm:0.21.0-b2`` or the bare tag (``0.21.0-b2``, ``vllm-0.21.0-b2``)."""
+    tag = name.strip().rpartition(":")[2].removeprefix("vllm-")
+    return _IMAGES.get(tag)
+
+
+IMAGE_TAGS = ", ".join(image.tag for image in IMAGES)

@@ -1,0 +1,101 @@
+"""doctor's stable codes, in one place: the verdicts, the phases, and each cause and remedy
+with what it means. ``--json`` carries the codes; docs/doctor.md lists them (a test holds
+the two together). A code is never renamed: scripts match on it."""
+
+from __future__ import annotations
+
+# --- verdicts, worst last --------------------------------------------------------------
+
+FITS = "fits"
+AT_RISK = "at risk"
+RUNS_OUT = "will run out of memory"
+WILL_FAIL = "will fail"
+VERDICTS = (FITS, AT_RISK, RUNS_OUT, WILL_FAIL)
+
+# --- phases of a start-up, in order ----------------------------------------------------
+
+LOAD = "load"
+KV_CACHE = "kv_cache"
+WARMUP = "warmup"
+PHASES = (LOAD, KV_CACHE, WARMUP)
+PHASE_MEANING = {
+    LOAD: "weights read and placed on the device, with any on-the-fly quantization",
+    KV_CACHE: "after the KV cache is allocated: the device is filled to the utilisation",
+    WARMUP: "JIT and sampler warm-up, run after the KV cache has taken its memory",
+}
+HOST, DEVICE = "host", "device"
+
+# --- causes ----------------------------------------------------------------------------
+
+DRIVER_HOST_COPY = "driver_host_copy"
+XE_PEER_CONTEXT_OOM = "xe_peer_context_oom"
+QUANT_STAGING = "quant_staging"
+DUPLICATE_INT4_LAYOUT = "duplicate_int4_layout"
+SAMPLER_BURST = "sampler_burst"
+DEVICE_OVERCOMMIT = "device_overcommit"
+PROCESS_BASELINE = "process_baseline"
+
+CAUSES = {
+    DRIVER_HOST_COPY: "compute-runtime >= 26.09 with 2+ Battlemage GPUs in one Level Zero "
+    "context pins a host copy of each rank's device allocations (about 1x its device use; "
+    "invisible to RSS, not swappable). Largest once the KV cache is allocated "
+    "(compute-runtime #953, #980; vllm #50269; llm-scaler #703)",
+    XE_PEER_CONTEXT_OOM: "compute-runtime 25.44 up to 26.22.38646 on a kernel before 7.1 with "
+    "2+ Intel GPUs in one context: every device allocation fails with "
+    "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY, whatever the memory (compute-runtime #916)",
+    QUANT_STAGING: "on-the-fly quantization stages 16-bit weights on the host: the whole "
+    "shard of each rank under sym_int4's legacy load (VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1 in "
+    "the 0.21 images), one layer at a time otherwise",
+    DUPLICATE_INT4_LAYOUT: "llm-scaler 0.21.0-b1's sym_int4 keeps two device layouts of every "
+    "quantized weight (ESIMD and transposed oneDNN): about 1.035 instead of 0.535 bytes per "
+    "weight element (fixed in 0.21.0-b2, llm-scaler PR #589)",
+    SAMPLER_BURST: "the sampler warm-up after KV allocation: the gathered logits (max_num_seqs "
+    "x vocab x dtype) and, on XPU's PyTorch fallback, the fp32 and int64 sort copies "
+    "(llm-scaler #703: 'Tried to allocate 122.00 MiB' in _dummy_sampler_run)",
+    DEVICE_OVERCOMMIT: "weights + KV cache + activations (+ the warm-up) above the device's memory",
+    PROCESS_BASELINE: "host memory of the vLLM processes themselves (Python, torch, oneCCL), "
+    "about 3.5 GiB a rank (vllm #50269's maintainers)",
+}
+
+# --- remedies --------------------------------------------------------------------------
+
+DRIVER_GUARD = "driver_guard"
+NO_PEER_ACCESS = "no_peer_access"
+COMPUTE_RUNTIME_26_05 = "compute_runtime_26_05"
+COMPUTE_RUNTIME_26_27 = "compute_runtime_26_27"
+KERNEL_7_1 = "kernel_7_1"
+LOAD_SLOTS = "load_slots"
+PREQUANTIZED_CHECKPOINT = "prequantized_checkpoint"
+NEWER_IMAGE = "newer_image"
+GPU_MEMORY_UTILIZATION = "gpu_memory_utilization"
+KV_HEADROOM = "kv_headroom"
+CONTAINER_LIMIT = "container_limit"
+MORE_HOST_RAM = "more_host_ram"
+
+REMEDIES = {
+    DRIVER_GUARD: "NEOReadDebugKeys=1 EnableDeferBacking=0 (what the plugin's driver guard "
+    "sets): memory is backed at creation, so no host copy is pinned; P2P stays. A debug "
+    "key: Intel's interim workaround (vllm #50269)",
+    NO_PEER_ACCESS: "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0: no peer "
+    "access is reported, so no host copy and no #916 failure; costs P2P (oneCCL falls back "
+    "to host-staged collectives, about 20 % slower TP 2 on 2x B70 by community numbers)",
+    COMPUTE_RUNTIME_26_05: "compute-runtime 26.05, the release before defer backing: the "
+    "production route Intel's driver maintainer names (compute-runtime #953); an older "
+    "driver, and a container needs its image rebuilt on it",
+    COMPUTE_RUNTIME_26_27: "compute-runtime 26.27 (or a 26.22 from 26.22.38646): its P2P "
+    "probe reports no P2P on kernels before 7.1, so #916's failure is gone (P2P too there)",
+    KERNEL_7_1: "Linux 7.1 or newer on the host: fixes #916's xe bug with P2P kept; does not "
+    "remove the host copy",
+    LOAD_SLOTS: "let N ranks load at a time (--max-parallel-loading-workers N, honoured by "
+    "the plugin's load lock): the host stages N shards instead of every rank's; the load "
+    "takes longer",
+    PREQUANTIZED_CHECKPOINT: "serve a checkpoint quantized ahead of time: nothing is "
+    "converted on the host; needs such a checkpoint of the model",
+    NEWER_IMAGE: "an llm-scaler image whose sym_int4 keeps one device layout per weight",
+    GPU_MEMORY_UTILIZATION: "a lower --gpu-memory-utilization: less KV cache, so less device "
+    "memory and (with the host copy) less pinned host memory; fewer concurrent tokens",
+    KV_HEADROOM: "the plugin's kv_headroom: keeps the gathered logits plus a slack out of the "
+    "KV cache for the sampler warm-up; a little less KV cache",
+    CONTAINER_LIMIT: "raise the container's memory limit (docker run --memory)",
+    MORE_HOST_RAM: "more host RAM (or fewer GPUs per host)",
+}

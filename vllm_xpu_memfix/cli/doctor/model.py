@@ -1,0 +1,333 @@
+"""The start-up, phase by phase: host need (summed over the ranks of the host) and device
+need (per rank) at ``load``, ``kv_cache`` and ``warmup``, the causes, and the verdict.
+
+Pure arithmetic on :class:`Inputs`; reads nothing. A remedy is judged by running the same
+model on changed inputs (``remedies``), never by arithmetic of its own.
+
+Per rank, with tp ranks, utilisation u and D bytes of device memory:
+
+- weights on the device  W = other weights / tp + linear params / tp x bytes per weight
+  (sym_int4: 0.535, two layouts 1.035; fp8: 1; unquantized: the checkpoint's);
+- ``load``:     device W + the 16-bit unit in flight; host tp x baseline + the ranks that
+  stage at once x staging (whole 16-bit shard + unit x 6.5 B under the legacy load, the
+  unit x 6.5 B otherwise) + the driver's host copy of W + unit on each rank;
+- ``kv_cache``: device u x D (vLLM fills the device to the utilisation: W, the KV cache,
+  the profile's activations), or W + KV + activations with --kv-cache-memory-bytes;
+  host tp x baseline + the host copy of that on each rank;
+- ``warmup``:   device kv_cache + the gathered logits (new contiguous memory) + what the
+  warm-up adds outside torch (Level Zero modules, oneCCL buffers), less kv_headroom's
+  reserve; with --kv-cache-memory-bytes the whole sampler burst is new; host as above.
+
+The host copy (compute-runtime >= 26.09, 2+ Battlemage in one context) is about 1x each
+rank's device use (compute-runtime #953, #980, intel/llvm #22873) and is pinned: swap
+cannot take it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm_xpu_memfix.cli.doctor import catalog, codes
+from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM, GiB, MiB
+from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.intel import driver_facts as dfacts
+from vllm_xpu_memfix.memory.estimate import BurstEstimate
+
+# Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
+# call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
+BASELINE_PER_RANK = 3.5 * GiB
+AT_RISK_SHARE = 0.85  # host: more than this share of the room is at risk
+DEVICE_AT_RISK_SHARE = 0.98  # device: less than 2 % left is at risk
+# Device memory the warm-up adds outside torch's count after the KV cache is sized:
+# Level Zero modules of the JIT warm-up, oneCCL buffers, fragmentation; XPU's free-memory
+# figure misses them (vLLM PRs #49482, #53990; ROOT-CAUSES cause 7). An assumption.
+WARMUP_OUTSIDE_TORCH = 512 * MiB
+KV_HEADROOM_SLACK = 256 * MiB  # VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB's default
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything the model reads. Bytes unless named otherwise; None is unknown."""
+
+    tp: int
+    utilization: float
+    device_bytes: float | None
+    other_weight_bytes: float = 0.0  # on the device, all ranks together
+    linear_params: float = 0.0
+    linear_bytes_per_weight: float = 2.0  # on the device
+    int4_layouts: int = 0  # 0: not sym_int4; 1 or 2 device layouts per weight
+    on_the_fly: bool = False  # 16-bit weights converted while loading
+    unit_params: float = 0.0  # the largest unit converted at once, all ranks together
+    shard_16bit: float = 0.0  # the 16-bit checkpoint, all ranks together
+    legacy_load: bool = False
+    load_mode_why: str = ""
+    staging_slots: int | None = None
+    kv_cache_bytes: float | None = None  # --kv-cache-memory-bytes
+    activation_bytes: float = 0.0  # per rank, the profile run's forward pass
+    burst: BurstEstimate | None = None
+    kv_headroom: bool = False
+    kv_bytes_per_token: float | None = None  # per rank
+    max_model_len: int | None = None
+    gpus_in_context: int = 0
+    battlemage_in_context: int = 0
+    runtime: driver.Runtime | None = None
+    kernel: tuple[int, int] | None = None
+    defer_backing_off: bool = False
+    peer_access_off: bool = False
+    baseline: float = BASELINE_PER_RANK
+    room: float | None = None
+    swap: float = 0.0
+
+    @property
+    def weights(self) -> float:
+        """Per rank, as the device holds them once loaded."""
+        linear = self.linear_params * self.linear_bytes_per_weight
+        return (self.other_weight_bytes + linear) / self.tp
+
+    @property
+    def staging(self) -> float:
+        """Host bytes per rank that convert weights during the load."""
+        if not self.on_the_fly:
+            return 0.0
+        unit = self.unit_params / self.tp * STAGING_BYTES_PER_PARAM
+        return unit + (self.shard_16bit / self.tp if self.legacy_load else 0.0)
+
+    @property
+    def staging_ranks(self) -> int:
+        if self.staging and self.staging_slots:
+            return min(self.tp, self.staging_slots)
+        return self.tp
+
+    @property
+    def host_copy(self) -> bool:
+        if self.battlemage_in_context < 2 or self.defer_backing_off or self.peer_access_off:
+            return False
+        return self.runtime is None or self.runtime.pins_host_copy
+
+    @property
+    def xe_peer_oom(self) -> bool | None:
+        """compute-runtime #916 will strike (True), cannot (False), or the kernel or the
+        runtime is unknown (None)."""
+        if self.gpus_in_context < 2 or self.peer_access_off:
+            return False
+        if self.runtime is not None and not self.runtime.in_xe_peer_oom_range:
+            return False
+        if self.kernel is not None and dfacts.kernel_has_xe_fix(self.kernel):
+            return False
+        return None if self.runtime is None or self.kernel is None else True
+
+    @property
+    def reserve(self) -> float:
+        """kv_headroom's reserve: the gathered logits plus its slack."""
+        if not self.kv_headroom or self.burst is None or self.kv_cache_bytes is not None:
+            return 0.0
+        return self.burst.gathered_logits + KV_HEADROOM_SLACK
+
+    @property
+    def profile_peak(self) -> float:
+        return self.activation_bytes + (self.burst.peak if self.burst else 0.0)
+
+    @property
+    def kv_cache(self) -> float | None:
+        """Per rank: the KV cache vLLM allocates (negative: the weights leave none)."""
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        if self.device_bytes is None:
+            return None
+        budget = self.utilization * self.device_bytes
+        return budget - self.weights - self.profile_peak - self.reserve
+
+
+@dataclass(frozen=True)
+class Phase:
+    host: float
+    device: float | None
+    pinned: float  # the host copy's share of ``host``
+
+
+@dataclass(frozen=True)
+class Cause:
+    code: str
+    gib: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    inputs: Inputs
+    phases: dict[str, Phase]
+    causes: list[Cause]
+    verdict: str
+    fails_at: dict[str, str] | None
+    why: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def host_need(self) -> float:
+        return max(p.host for p in self.phases.values())
+
+    @property
+    def device_need(self) -> float | None:
+        known = [p.device for p in self.phases.values() if p.device is not None]
+        return max(known) if known else None
+
+
+def _device(inp: Inputs) -> dict[str, float | None]:
+    w = inp.weights
+    unit = inp.unit_params / inp.tp * 2 if inp.on_the_fly else 0.0
+    load = w + unit
+    if inp.device_bytes is None and inp.kv_cache_bytes is None:
+        return {codes.LOAD: load, codes.KV_CACHE: None, codes.WARMUP: None}
+    kv = inp.kv_cache or 0.0
+    burst = inp.burst
+    if inp.kv_cache_bytes is not None:
+        at_kv = w + kv + inp.activation_bytes
+        new = burst.peak if burst else 0.0
+        at_warmup = w + kv + max(inp.activation_bytes, new) + WARMUP_OUTSIDE_TORCH
+    else:
+        assert inp.device_bytes is not None
+        at_kv = max(inp.utilization * inp.device_bytes - inp.reserve, w + inp.profile_peak)
+        new = burst.gathered_logits if burst else 0.0
+        at_warmup = at_kv + new + WARMUP_OUTSIDE_TORCH
+    return {codes.LOAD: load, codes.KV_CACHE: at_kv, codes.WARMUP: at_warmup}
+
+
+def _phases(inp: Inputs) -> dict[str, Phase]:
+    device = _device(inp)
+    base = inp.tp * inp.baseline
+    phases = {}
+    for name, per_rank in device.items():
+        pinned = inp.tp * (per_rank or 0.0) if inp.host_copy else 0.0
+        staged = inp.staging_ranks * inp.staging if name == codes.LOAD else 0.0
+        phases[name] = Phase(base + staged + pinned, per_rank, pinned)
+    return phases
+
+
+def _judge_host(inp: Inputs, phase: Phase) -> str:
+    if inp.room is None:
+        return codes.FITS
+    if phase.pinned > inp.room or phase.host > inp.room + inp.swap:
+        return codes.RUNS_OUT
+    if phase.host > AT_RISK_SHARE * inp.room:
+        return codes.AT_RISK
+    return codes.FITS
+
+
+def _judge_device(inp: Inputs, name: str, phase: Phase) -> str:
+    if phase.device is None or inp.device_bytes is None:
+        return codes.FITS
+    kv = inp.kv_cache
+    if name == codes.KV_CACHE and kv is not None:
+        if kv <= 0:
+            return codes.RUNS_OUT  # vLLM: no memory left for the KV cache blocks
+        per_token, length = inp.kv_bytes_per_token, inp.max_model_len
+        if per_token and length and kv < per_token * length:
+            return codes.RUNS_OUT  # vLLM: the KV cache cannot hold one max-model-len sequence
+    if phase.device > inp.device_bytes:
+        return codes.RUNS_OUT
+    if phase.device > DEVICE_AT_RISK_SHARE * inp.device_bytes:
+        return codes.AT_RISK
+    return codes.FITS
+
+
+def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
+    gib = 1 / GiB
+    causes = []
+    oom = inp.xe_peer_oom
+    if oom is not False:
+        known = "" if oom else " (possible: the kernel or compute-runtime is unknown)"
+        causes.append(
+            Cause(
+                codes.XE_PEER_CONTEXT_OOM,
+                0.0,
+                f"{inp.gpus_in_context} Intel GPUs in one context, compute-runtime "
+                f"{inp.runtime.version if inp.runtime else 'unknown'}, kernel "
+                f"{'.'.join(map(str, inp.kernel)) if inp.kernel else 'unknown'}: every device "
+                f"allocation fails ({dfacts.XE_PEER_OOM_THREAD}){known}",
+            )
+        )
+    if inp.host_copy:
+        peak = max(phases.values(), key=lambda p: p.pinned)
+        causes.append(
+            Cause(
+                codes.DRIVER_HOST_COPY,
+                peak.pinned * gib,
+                f"{inp.battlemage_in_context} Battlemage GPUs in one context, compute-runtime "
+                f"{inp.runtime.version if inp.runtime else 'unknown (assumed affected)'}: about "
+                f"each rank's device use pinned on the host, {inp.tp} rank(s)",
+            )
+        )
+    if inp.staging:
+        load = "whole 16-bit shard (legacy load)" if inp.legacy_load else "per layer"
+        ranks = inp.staging_ranks
+        causes.append(
+            Cause(
+                codes.QUANT_STAGING,
+                ranks * inp.staging * gib,
+                f"{load}: {inp.staging * gib:,.1f} GiB a rank, {ranks} of {inp.tp} rank(s) at "
+                f"once; {inp.load_mode_why}",
+            )
+        )
+    if inp.int4_layouts == 2:
+        extra = inp.linear_params / inp.tp * (inp.linear_bytes_per_weight - catalog.ONE_LAYOUT)
+        causes.append(
+            Cause(
+                codes.DUPLICATE_INT4_LAYOUT,
+                extra * gib,
+                f"two device layouts per sym_int4 weight ({inp.linear_bytes_per_weight} B per "
+                f"weight element instead of {catalog.ONE_LAYOUT}): the second, per rank",
+            )
+        )
+    if inp.burst is not None:
+        burst = inp.burst
+        causes.append(
+            Cause(
+                codes.SAMPLER_BURST,
+                burst.peak * gib,
+                f"B={burst.shape.num_reqs} x vocab {burst.shape.padded_vocab:,}: gathered logits "
+                f"{burst.gathered_logits / MiB:,.0f} MiB, {burst.breakdown()}",
+            )
+        )
+    if inp.device_bytes is not None:
+        over = max((p.device or 0.0) - inp.device_bytes for p in phases.values())
+        kv = inp.kv_cache
+        if over > 0 or (kv is not None and kv <= 0):
+            causes.append(
+                Cause(
+                    codes.DEVICE_OVERCOMMIT,
+                    max(over, -(kv or 0.0)) * gib,
+                    f"weights {inp.weights * gib:,.1f} GiB + KV cache + activations per rank "
+                    f"against {inp.device_bytes * gib:,.1f} GiB at utilisation {inp.utilization}",
+                )
+            )
+    causes.append(
+        Cause(
+            codes.PROCESS_BASELINE,
+            inp.tp * inp.baseline * gib,
+            f"{inp.baseline * gib:,.1f} GiB a rank",
+        )
+    )
+    return causes
+
+
+def run(inp: Inputs) -> Outcome:
+    """The phases, the causes and the verdict for ``inp``."""
+    phases = _phases(inp)
+    causes = _causes(inp, phases)
+    if inp.xe_peer_oom:
+        at = {"phase": codes.LOAD, "where": codes.DEVICE}
+        why = "compute-runtime #916: every device allocation fails"
+        return Outcome(inp, phases, causes, codes.WILL_FAIL, at, why)
+    worst, why = codes.FITS, ""
+    for name, phase in phases.items():
+        for where, judged in (
+            (codes.HOST, _judge_host(inp, phase)),
+            (codes.DEVICE, _judge_device(inp, name, phase)),
+        ):
+            if judged == codes.RUNS_OUT:
+                return Outcome(
+                    inp, phases, causes, codes.RUNS_OUT, {"phase": name, "where": where}, where
+                )
+            if judged == codes.AT_RISK and worst == codes.FITS:
+                worst, why = codes.AT_RISK, f"{where} at {name}"
+    return Outcome(inp, phases, causes, worst, None, why)

@@ -1,0 +1,262 @@
+"""What would make the start-up fit: each remedy changes the phase model's inputs as the
+remedy changes the machine or the command, and the same model is run again. Ranked: those
+that make it fit first, cheapest first; then the rest, by the host need they leave."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from vllm_xpu_memfix.cli.doctor import codes, model
+from vllm_xpu_memfix.cli.doctor.facts import Measurement
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.units import GiB, MiB
+from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.intel import driver_facts as dfacts
+
+# Cheapest first: a variable, a plugin switch, a flag that costs time, one that costs KV
+# cache, one that costs P2P, an image, a checkpoint, a driver, a kernel, hardware.
+COST_ORDER = (
+    codes.DRIVER_GUARD,
+    codes.KV_HEADROOM,
+    codes.LOAD_SLOTS,
+    codes.GPU_MEMORY_UTILIZATION,
+    codes.NO_PEER_ACCESS,
+    codes.NEWER_IMAGE,
+    codes.PREQUANTIZED_CHECKPOINT,
+    codes.COMPUTE_RUNTIME_26_27,
+    codes.COMPUTE_RUNTIME_26_05,
+    codes.KERNEL_7_1,
+    codes.CONTAINER_LIMIT,
+    codes.MORE_HOST_RAM,
+)
+_RANK = {verdict: i for i, verdict in enumerate(codes.VERDICTS)}
+LOWEST_UTILIZATION = 0.30
+PLUGIN = "vllm-xpu-memfix"
+
+
+@dataclass(frozen=True)
+class Remedy:
+    code: str
+    what: str
+    cost: str
+    after: model.Outcome
+
+    def as_dict(self) -> dict[str, object]:
+        device = self.after.device_need
+        return {
+            "code": self.code,
+            "what": self.what,
+            "cost": self.cost,
+            "host_need_after_gib": round(self.after.host_need / GiB, 2),
+            "device_need_after_gib": None if device is None else round(device / GiB, 2),
+            "verdict_after": self.after.verdict,
+        }
+
+
+def _gib(value: float) -> str:
+    return f"{value / GiB:,.1f} GiB"
+
+
+def _guard(measured: Measurement) -> str:
+    keys = "NEOReadDebugKeys=1 EnableDeferBacking=0"
+    if measured.guard.user_set:
+        return (
+            f"unset {' '.join(measured.guard.user_set)}: the plugin's driver guard then sets {keys}"
+        )
+    if measured.plugin:
+        return f"{config.DRIVER_ENV.env}=auto (or on): the plugin's driver guard sets {keys}"
+    return f"install {PLUGIN} (its driver guard sets {keys}), or set {keys} for vllm serve"
+
+
+def _no_peer(measured: Measurement) -> str:
+    keys = f"{dfacts.READ_DEBUG_KEYS}=1 {dfacts.FORCE_PEER_ACCESS}=0"
+    switch = config.SWITCHES[config.DRIVER_ENV.key]
+    if measured.plugin and "no_peer_access" in switch.choices:
+        return f"{config.DRIVER_ENV.env}=no_peer_access (sets {keys})"
+    return f"set {keys} for vllm serve"
+
+
+def _utilization(inp: model.Inputs) -> float | None:
+    """The largest utilisation below the asked one at which the start-up fits."""
+    steps = round((inp.utilization - LOWEST_UTILIZATION) * 100)
+    for step in range(1, steps + 1):
+        value = round(inp.utilization - step / 100, 2)
+        if model.run(replace(inp, utilization=value)).verdict == codes.FITS:
+            return value
+    return None
+
+
+def _slots(inp: model.Inputs) -> int:
+    """The most ranks that may stage at once with the start-up fitting (1 at the least)."""
+    for slots in range(inp.staging_ranks - 1, 0, -1):
+        if model.run(replace(inp, staging_slots=slots)).verdict == codes.FITS:
+            return slots
+    return 1
+
+
+def _candidates(
+    measured: Measurement, out: model.Outcome
+) -> list[tuple[str, str, str, model.Inputs]]:
+    inp = out.inputs
+    found: list[tuple[str, str, str, model.Inputs]] = []
+    peer_oom = inp.gpus_in_context >= 2 and inp.xe_peer_oom is not False
+    if inp.host_copy:
+        found.append(
+            (
+                codes.DRIVER_GUARD,
+                _guard(measured),
+                "a debug key: Intel's interim workaround (vllm #50269), which its driver "
+                "maintainer calls debug-only; P2P is kept",
+                replace(inp, defer_backing_off=True),
+            )
+        )
+        production = driver.runtime_from_version(dfacts.PRODUCTION_ROUTE.tag, "remedy")
+        found.append(
+            (
+                codes.COMPUTE_RUNTIME_26_05,
+                f"compute-runtime {dfacts.PRODUCTION_ROUTE.tag} (in a container: the image's)",
+                dfacts.PRODUCTION_ROUTE_CAVEATS,
+                replace(inp, runtime=production),
+            )
+        )
+    if inp.host_copy or peer_oom:
+        cost = "none at TP 1" if inp.tp == 1 else "no P2P: oneCCL falls back to host-staged "
+        cost += (
+            ""
+            if inp.tp == 1
+            else "collectives (community numbers: TP 2 on 2x B70 about 20 % slower)"
+        )
+        found.append(
+            (codes.NO_PEER_ACCESS, _no_peer(measured), cost, replace(inp, peer_access_off=True))
+        )
+    if peer_oom:
+        fixed = driver.runtime_from_version(dfacts.XE_PEER_OOM_FIXED_ON_MASTER.tag, "remedy")
+        found.append(
+            (
+                codes.COMPUTE_RUNTIME_26_27,
+                f"compute-runtime {dfacts.XE_PEER_OOM_FIXED_ON_MASTER.tag} or newer (or "
+                f"{dfacts.XE_PEER_OOM_FIXED.tag}; in a container: the image's)",
+                "a newer driver; on kernels before 7.1 it reports no P2P; Battlemage keeps "
+                "the host copy",
+                replace(inp, runtime=fixed),
+            )
+        )
+        found.append(
+            (
+                codes.KERNEL_7_1,
+                "Linux 7.1 or newer on the host (a container runs on the host's kernel)",
+                "a kernel upgrade; P2P kept; does not remove the host copy",
+                replace(inp, kernel=dfacts.KERNEL_FIXED),
+            )
+        )
+    # Staging matters where it is the whole shard, or where the load is what runs out.
+    staging_matters = inp.legacy_load or out.fails_at == {
+        "phase": codes.LOAD,
+        "where": codes.HOST,
+    }
+    if inp.staging and inp.staging_ranks > 1 and staging_matters:
+        slots = _slots(inp)
+        honour = "" if measured.plugin else f" with {PLUGIN} installed (vLLM alone ignores it)"
+        found.append(
+            (
+                codes.LOAD_SLOTS,
+                f"--max-parallel-loading-workers {slots}{honour}: {slots} rank(s) stage at once",
+                f"the load takes up to {inp.staging_ranks / slots:.1f}x as long",
+                replace(inp, staging_slots=slots),
+            )
+        )
+    if inp.on_the_fly and staging_matters:
+        found.append(
+            (
+                codes.PREQUANTIZED_CHECKPOINT,
+                "serve a checkpoint of this model quantized ahead of time",
+                "needs such a checkpoint (GPTQ/AWQ int4, or a static FP8); nothing is "
+                "converted on the host",
+                replace(inp, on_the_fly=False),
+            )
+        )
+    if inp.int4_layouts == 2:
+        from vllm_xpu_memfix.cli.doctor import catalog
+
+        found.append(
+            (
+                codes.NEWER_IMAGE,
+                f"{catalog.ONE_LAYOUT_IMAGE} (one device layout per sym_int4 weight, "
+                "llm-scaler PR #589)",
+                "an image pull; the same vLLM 0.21 line",
+                replace(inp, int4_layouts=1, linear_bytes_per_weight=catalog.ONE_LAYOUT),
+            )
+        )
+    if inp.kv_cache_bytes is None and inp.device_bytes and out.verdict != codes.WILL_FAIL:
+        value = _utilization(inp)
+        if value is not None:
+            before, after = inp.kv_cache or 0.0, replace(inp, utilization=value).kv_cache or 0.0
+            found.append(
+                (
+                    codes.GPU_MEMORY_UTILIZATION,
+                    f"--gpu-memory-utilization {value:.2f}",
+                    f"KV cache per rank {_gib(before)} -> {_gib(after)}: fewer tokens in flight",
+                    replace(inp, utilization=value),
+                )
+            )
+    if not inp.kv_headroom and inp.burst is not None and inp.kv_cache_bytes is None:
+        on = replace(inp, kv_headroom=True)
+        if out.fails_at == {"phase": codes.WARMUP, "where": codes.DEVICE}:
+            switch = f"{config.KV_HEADROOM.env}=auto" if measured.plugin else f"install {PLUGIN}"
+            found.append(
+                (
+                    codes.KV_HEADROOM,
+                    f"{switch}: its kv_headroom keeps the gathered logits and a slack out of "
+                    "the KV cache",
+                    f"{on.reserve / MiB:,.0f} MiB less KV cache per rank",
+                    on,
+                )
+            )
+    found += _more_room(measured, out)
+    return found
+
+
+def _more_room(
+    measured: Measurement, out: model.Outcome
+) -> list[tuple[str, str, str, model.Inputs]]:
+    inp = out.inputs
+    host_trouble = out.fails_at is not None and out.fails_at["where"] == codes.HOST
+    if inp.room is None or not (host_trouble or out.verdict == codes.AT_RISK):
+        return []
+    wanted = out.host_need / model.AT_RISK_SHARE
+    extra = max(0.0, wanted - inp.room)
+    if extra <= 0:
+        return []
+    cgroup = measured.room.cgroup.room
+    available = measured.room.mem_available
+    if cgroup is not None and available is not None and cgroup < available:
+        return [
+            (
+                codes.CONTAINER_LIMIT,
+                f"raise the container's memory limit by {_gib(extra)} (docker run --memory)",
+                "the host must have the memory",
+                replace(inp, room=min(float(available), wanted)),
+            )
+        ]
+    return [
+        (
+            codes.MORE_HOST_RAM,
+            f"{_gib(extra)} more host RAM (need {_gib(out.host_need)}, room {_gib(inp.room)})",
+            "hardware; or fewer GPUs per host",
+            replace(inp, room=inp.room + extra),
+        )
+    ]
+
+
+def remedies(measured: Measurement, out: model.Outcome) -> list[Remedy]:
+    """The remedies that apply, each with the outcome of the model run with it, ranked."""
+    if out.verdict == codes.FITS:
+        return []
+    found = [
+        Remedy(code, what, cost, model.run(inputs))
+        for code, what, cost, inputs in _candidates(measured, out)
+    ]
+    return sorted(
+        found,
+        key=lambda r: (_RANK[r.after.verdict], COST_ORDER.index(r.code), r.after.host_need),
+    )

@@ -1,0 +1,167 @@
+"""A ``vllm serve`` command line as users paste it, read into :class:`facts.ServeArgs`.
+
+Takes ``vllm serve MODEL ARGS...`` and ``python -m vllm.entrypoints.openai.api_server
+--model MODEL ARGS...``, flags as ``--flag value`` or ``--flag=value``. The flags that
+change memory are modelled; every other one is kept, as given, in ``not_modelled``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
+from vllm_xpu_memfix.core.numbers import Bounds, refusal
+
+
+class ServeLineError(ValueError):
+    """A serve line doctor cannot read; the message is one line naming the flag."""
+
+
+RANKS = Bounds(1, 1024, integer=True)
+UTILIZATION = Bounds(0, 1, above_minimum=True)
+COUNT = Bounds(1, 10**9, integer=True)
+BYTES = Bounds(0, 2**50, integer=True)
+# vLLM's human-readable integers (--max-model-len 32k, --kv-cache-memory-bytes 20G):
+# lower-case suffixes are decimal, upper-case binary (vllm.utils human_readable_int).
+_HUMAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmMgGtT]?)")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+# flag -> (ServeArgs field, kind)
+MODELLED: dict[str, tuple[str, str]] = {
+    "--tensor-parallel-size": ("tensor_parallel_size", "ranks"),
+    "-tp": ("tensor_parallel_size", "ranks"),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", "utilization"),
+    "--quantization": ("quantization", "text"),
+    "-q": ("quantization", "text"),
+    "--dtype": ("dtype", "text"),
+    "--max-model-len": ("max_model_len", "human"),
+    "--max-num-seqs": ("max_num_seqs", "count"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", "human"),
+    "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", "bytes"),
+    "--max-parallel-loading-workers": ("max_parallel_loading_workers", "ranks"),
+    "--kv-cache-dtype": ("kv_cache_dtype", "text"),
+    "--model": ("model", "text"),
+}
+ACCEPTED = {
+    "ranks": RANKS.accepted,
+    "utilization": UTILIZATION.accepted,
+    "count": COUNT.accepted,
+    "human": "a whole number, optionally with k, m, g (x1000) or K, M, G (x1024)",
+    "bytes": "a whole number of bytes, optionally with k, m, g (x1000) or K, M, G (x1024)",
+    "text": "a value",
+}
+# Flags of vllm serve that take no value, so the word after them is not theirs.
+SWITCHES = frozenset(
+    {
+        "--enforce-eager",
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--disable-log-requests",
+        "--disable-log-stats",
+        "--enable-log-requests",
+        "--enable-expert-parallel",
+        "--enable-lora",
+        "--disable-custom-all-reduce",
+        "--enable-reasoning",
+        "--headless",
+        "--disable-sliding-window",
+        "--disable-cascade-attn",
+        "--async-scheduling",
+    }
+)
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def _human(text: str) -> int | None:
+    match = _HUMAN.fullmatch(text.strip())
+    if not match:
+        return None
+    number, suffix = match.groups()
+    scale = _SCALE[suffix.lower()]
+    if suffix.isupper():
+        scale = 1024 ** " KMGT".index(suffix)
+    value = float(number) * scale
+    return int(value) if value.is_integer() else None
+
+
+def _value(flag: str, kind: str, raw: str) -> Any:
+    if kind == "text":
+        if not raw.strip():
+            raise ServeLineError(f"{flag} has an empty value")
+        return raw.strip()
+    if kind in ("human", "bytes"):
+        number = _human(raw)
+        bounds = BYTES if kind == "bytes" else COUNT
+        value = None if number is None else bounds.value_of(str(number))
+    else:
+        value = {"ranks": RANKS, "utilization": UTILIZATION, "count": COUNT}[kind].value_of(raw)
+    if value is None:
+        raise ServeLineError(f"{flag} {refusal(raw, ACCEPTED[kind])}")
+    return value
+
+
+def _strip_launcher(words: list[str]) -> list[str]:
+    """The arguments after ``vllm serve`` or after ``python -m ...api_server``."""
+    if len(words) >= 2 and words[0].rpartition("/")[2] == "vllm" and words[1] == "serve":
+        return words[2:]
+    if "-m" in words:
+        i = words.index("-m")
+        if i + 1 < len(words) and words[i + 1] == API_SERVER:
+            return words[i + 2 :]
+    shown = " ".join(words[:3])
+    raise ServeLineError(
+        f"the line after -- is not a serve command ({shown!r}); accepted: vllm serve MODEL "
+        f"[ARGS...] or python -m {API_SERVER} --model MODEL [ARGS...]"
+    )
+
+
+def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
+    """``base`` with what the serve line sets; ServeLineError on a line doctor cannot read."""
+    args = _strip_launcher(list(words))
+    fields: dict[str, Any] = {}
+    other: list[str] = []
+    positional: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("-") or word == "-":
+            positional.append(word)
+            i += 1
+            continue
+        flag, has_value, value = word.partition("=")
+        if flag in MODELLED:
+            if not has_value:
+                if i + 1 >= len(args):
+                    raise ServeLineError(f"{flag} is missing its value")
+                value, i = args[i + 1], i + 1
+            name, kind = MODELLED[flag]
+            fields[name] = _value(flag, kind, value)
+        else:
+            takes_value = (
+                not has_value
+                and flag not in SWITCHES
+                and i + 1 < len(args)
+                and not args[i + 1].startswith("-")
+            )
+            other.append(f"{word} {args[i + 1]}" if takes_value else word)
+            i += 1 if takes_value else 0
+        i += 1
+    if positional:
+        if "model" in fields and fields["model"] != positional[0]:
+            raise ServeLineError(
+                f"two models: {positional[0]!r} and --model {fields['model']!r}; give one"
+            )
+        fields["model"] = positional[0]
+        other += positional[1:]
+    if not fields.get("model"):
+        raise ServeLineError(
+            "the serve line names no model; accepted: vllm serve MODEL [ARGS...] or --model MODEL"
+        )
+    return replace(base, **fields, not_modelled=tuple(other))
