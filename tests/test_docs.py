@@ -110,3 +110,14 @@ def test_the_link_check_sees_a_dead_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[here](missing.md) [web](https://example.org) [anchor](#top)\n")
     assert _links(page) == ["missing.md"]
+
+
+def test_check_md_shows_every_patch_target_of_every_fix():
+    from vllm_xpu_memfix import fixes
+
+    shown = (ROOT / "docs" / "check.md").read_text()
+    # A platform worker's own method is patched (and shown) only where that class defines it.
+    patches = fixes.all_patches(config.load({}))
+    targets = {(p.fix, p.target) for p in patches if not p.own_only}
+    missing = sorted(t for t in targets if not re.search(rf"{t[0]} .* {re.escape(t[1])} ", shown))
+    assert targets and missing == [], f"docs/check.md's output lacks: {missing}"
