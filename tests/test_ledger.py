@@ -1,8 +1,12 @@
-"""The ledger with injected snapshots: ordering, table, JSON lines, write errors."""
+"""The ledger with injected snapshots: ordering, table, JSON lines, write errors; its
+summary on the constructed multi-GPU xe trees (tests/data/proc/README.md)."""
 
 import json
 import os
 import socket
+
+import pytest
+from helpers.xe_trees import FOUR_PINNED, FOUR_UNPINNED, TWO_PINNED
 
 from vllm_xpu_memfix.memory.ledger import PHASES, Ledger
 from vllm_xpu_memfix.memory.snapshot import DrmUsage, Snapshot
@@ -77,6 +81,7 @@ def test_table_shows_memavailable_drop_and_drm_columns_when_present():
         "MemAvail",
         "drop",
         "GTT",
+        "imports",
         "VRAM",
     ]
     assert lines[2].split() == ["ready", "2.5", "300", "-", "-", "-", "600", "2,048", "8,192"]
@@ -102,8 +107,6 @@ def test_ready_is_the_first_batch_outside_the_warm_up(monkeypatch, caplog):
     warm-up, 0.32 v1/worker/gpu_worker.py). Those calls must not end the ledger; the first
     batch after the warm-up must, once."""
     import logging
-
-    import pytest
 
     pytest.importorskip("vllm")
     from vllm.v1.worker.gpu_worker import Worker
@@ -142,3 +145,47 @@ def test_ready_is_the_first_batch_outside_the_warm_up(monkeypatch, caplog):
     phases = [entry.phase for entry in recorder.current().entries]
     assert phases == ["warm-up done", "ready"]
     assert sum("host-memory ledger" in r.getMessage() for r in caplog.records) == 1
+
+
+def recorded_ledger(scenario):
+    """Rank 0's ledger from process start to ready on one of the constructed trees."""
+    moments = ("start", "ready")
+    snaps = iter(scenario.rank_zero(moment) for moment in moments)
+    pss = iter(scenario.tree_anon_pss(moment) for moment in moments)
+    ledger = Ledger("worker-0", take=lambda _pss: next(snaps), tree_anon_pss=lambda: next(pss))
+    ledger.record(PHASES[0])
+    ledger.record(PHASES[-1])
+    return ledger
+
+
+@pytest.mark.parametrize(
+    ("scenario", "says"),
+    [
+        (
+            FOUR_PINNED,
+            "driver host copy (committed, GPUActive): +12.6 GiB, peer imports: 9.3 GiB "
+            "(not host memory by itself); likely cause: the GPU driver's host copy",
+        ),
+        (
+            FOUR_UNPINNED,
+            "driver host copy (committed, GPUActive): +0.3 GiB, peer imports: 9.3 GiB "
+            "(not host memory by itself; the host holds no copy); likely cause: peer imports",
+        ),
+        (
+            TWO_PINNED,
+            "driver host copy (committed, outside any process): +36.3 GiB, peer imports: "
+            "18.1 GiB (not host memory by itself); likely cause: the GPU driver's host copy",
+        ),
+    ],
+    ids=lambda v: getattr(v, "name", ""),
+)
+def test_the_summary_shows_the_committed_copy_and_the_imports_as_imports(scenario, says):
+    assert says in recorded_ledger(scenario).summary_line()
+
+
+def test_the_table_shows_the_gpu_count_where_the_kernel_has_one():
+    header, start, ready = recorded_ledger(FOUR_PINNED).table().splitlines()
+    assert "GPUActive rise" in header and "GTT imports" in header
+    assert start.split()[-3:] == ["0", "-", "-"], "no DRM client at process start"
+    assert ready.split()[-3:] == ["12,902", "9,523", "3,149"]
+    assert "GPUActive" not in recorded_ledger(TWO_PINNED).table()

@@ -1,10 +1,12 @@
-"""monitor and plot on real process trees started here."""
+"""monitor and plot on real process trees started here, and on the constructed multi-GPU
+xe trees (tests/data/proc/README.md)."""
 
 from __future__ import annotations
 
 import csv
 import errno
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -15,11 +17,20 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.refusing_proc import RefusingReader
+from helpers.xe_trees import FOUR_PINNED, FOUR_UNPINNED, SCENARIOS, TWO_PINNED
 
 from vllm_xpu_memfix.cli import main, monitor
-from vllm_xpu_memfix.cli.plot import PlotError, plot, read_ledger_phases
+from vllm_xpu_memfix.cli.plot import (
+    DRIVER_HOST_COPY,
+    PEER_IMPORTS,
+    PlotError,
+    plot,
+    read_ledger_phases,
+    read_monitor_csv,
+    system_lines,
+)
 
-MiB = 1024**2
+MiB, GiB = 1024**2, 1024**3
 
 # A parent that starts a child holding 150 MiB for a while, then exits with code 3.
 TREE = """
@@ -56,6 +67,8 @@ def test_monitor_returns_the_commands_exit_code_and_samples_its_children(tree_ru
     assert peaks.summed_rss >= 150 * MiB
     report = peaks.report()
     assert "peak summed RSS" in report and "largest MemAvailable drop" in report
+    assert all(r["driver_host_copy"] == r["peer_imports"] == "" for r in system), "no GPU here"
+    assert "driver host copy" not in report
 
 
 def test_plot_draws_a_png_of_the_expected_size_with_ledger_marks(tree_run, tmp_path):
@@ -193,3 +206,88 @@ def test_a_process_gone_between_listing_and_reading_leaves_the_tree(pair):
     gone = ProcessLookupError(errno.ESRCH, "No such process")
     rows, _ = monitor.Sampler(parent, RefusingReader("/", child, gone)).sample()
     assert [row["pid"] for row in rows] == [parent]
+
+
+class RecordedProcess:
+    """A rank of a constructed tree, as the sampler lists it."""
+
+    def __init__(self, pid: int, rank: int) -> None:
+        self.pid = pid
+        self.title = f"VLLM::Worker_TP{rank}"
+
+    def cmdline(self) -> list[str]:
+        return [self.title]
+
+    def name(self) -> str:
+        return self.title[:15]
+
+
+def monitor_recorded(scenario, csv_path):
+    """monitor's CSV of one constructed tree: a sample at process start, one at ready."""
+    ranks = [RecordedProcess(pid, rank) for rank, pid in enumerate(scenario.ranks)]
+    sampler = monitor.Sampler(os.getpid())
+    sampler.root, sampler.processes = ranks[0], lambda: ranks
+    moments = iter(["start", "ready"])
+
+    def keep_going():
+        moment = next(moments, None)
+        if moment is not None:
+            sampler.reader = scenario.reader(moment)
+        return moment is not None
+
+    peaks = monitor.record(sampler, csv_path, keep_going, interval=0)
+    return list(csv.DictReader(csv_path.open())), peaks
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_monitor_writes_the_committed_copy_and_the_imports_in_their_own_columns(scenario, tmp_path):
+    rows, peaks = monitor_recorded(scenario, tmp_path / "monitor.csv")
+    start, ready = (r for r in rows if r["pid"] == "system")
+    assert start["driver_host_copy"] == start["peer_imports"] == "", "no DRM client yet"
+    committed, imports = int(ready["driver_host_copy"]), int(ready["peer_imports"])
+    assert committed == pytest.approx(scenario.committed, rel=0.10, abs=128 * MiB)
+    # Every rank's allocation counted on each of the gpus - 1 peer cards.
+    all_imports = scenario.gpus * (scenario.gpus - 1) * scenario.device
+    assert imports == pytest.approx(all_imports, rel=0.02)
+    workers = [r for r in rows if r["pid"] != "system" and r["drm_cards"]]
+    assert {r["drm_cards"] for r in workers} == {str(scenario.gpus)}
+    assert peaks.driver_host_copy == committed and peaks.peer_imports == imports
+    assert "(drm-total-gtt: not host memory by itself)" in peaks.report()
+
+
+def test_with_four_gpus_the_committed_copy_is_not_the_three_fold_gtt_count(tmp_path):
+    rows, _ = monitor_recorded(FOUR_PINNED, tmp_path / "monitor.csv")
+    ready = [r for r in rows if r["pid"] == "system"][-1]
+    assert int(ready["peer_imports"]) > 2.9 * int(ready["driver_host_copy"])
+
+
+@pytest.mark.parametrize("scenario", [FOUR_PINNED, FOUR_UNPINNED], ids=lambda s: s.name)
+def test_plot_draws_the_committed_copy_and_labels_the_gtt_as_imports(scenario, tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    monitor_recorded(scenario, tmp_path / "monitor.csv")
+    _, system = read_monitor_csv(tmp_path / "monitor.csv")
+    lines = {line.label: line.gib for line in system_lines(system)}
+    assert lines[DRIVER_HOST_COPY][0] == 0, "no DRM client at process start: nothing held"
+    assert lines[DRIVER_HOST_COPY][-1] * GiB == pytest.approx(scenario.committed, rel=0.10)
+    assert lines[PEER_IMPORTS][-1] * GiB == pytest.approx(4 * 3 * scenario.device, rel=0.02)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # legend text stays text
+        svg = plot(tmp_path / "monitor.csv", tmp_path / "host-memory.svg").read_text()
+    assert DRIVER_HOST_COPY in svg and PEER_IMPORTS in svg
+
+
+def test_plot_of_an_older_csv_without_the_columns_draws_neither(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    rows, _ = monitor_recorded(TWO_PINNED, tmp_path / "monitor.csv")
+    older = [c for c in monitor.COLUMNS if c not in ("driver_host_copy", "peer_imports")]
+    with (tmp_path / "older.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=older, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    _, system = read_monitor_csv(tmp_path / "older.csv")
+    assert [line.label for line in system_lines(system)] == [
+        "MemAvailable drop since start",
+        "not in any process",
+    ]
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        svg = plot(tmp_path / "older.csv", tmp_path / "older.svg").read_text()
+    assert DRIVER_HOST_COPY not in svg and "not in any process" in svg

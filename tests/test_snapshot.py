@@ -1,14 +1,21 @@
-"""The snapshot reader on recorded (cpu-vm-v1) and constructed (xe-cgroup-v2) trees.
-See tests/data/proc/README.md for where each file came from."""
+"""The snapshot reader on recorded (cpu-vm-v1) and constructed (xe-cgroup-v2, xe-*gpu-*)
+trees. See tests/data/proc/README.md for where each file came from."""
 
 import errno
 from pathlib import Path
 
 import pytest
 from helpers.refusing_proc import RefusingReader
+from helpers.xe_trees import FOUR_PINNED, TWO_PINNED
 
 from vllm_xpu_memfix.memory import snapshot
-from vllm_xpu_memfix.memory.snapshot import ProcReader, parse_drm_fdinfo, parse_size
+from vllm_xpu_memfix.memory.snapshot import (
+    ProcReader,
+    Snapshot,
+    gpu_active,
+    parse_drm_fdinfo,
+    parse_size,
+)
 
 DATA = Path(__file__).parent / "data" / "proc"
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -64,6 +71,7 @@ def test_constructed_xe_process_counts_each_drm_client_once():
     assert snap.drm is not None
     assert snap.drm.drivers == ("xe",)
     assert snap.drm.clients == 2, "fds 5 and 6 share drm-client-id 41"
+    assert snap.drm.cards == 2, "two drm-pdev"
     assert snap.drm.total_gtt == 4194304 * KiB + 512 * MiB
     assert snap.drm.total_vram == 27648 * MiB + 1048576 * KiB
     assert snap.drm.resident == snap.drm.total_gtt + snap.drm.total_vram
@@ -74,9 +82,53 @@ def test_constructed_xe_process_counts_each_drm_client_once():
     assert flat["drm_total_gtt"] == snap.drm.total_gtt and flat["drm_driver"] == "xe"
 
 
+def test_a_rank_of_four_has_a_client_on_every_card_and_the_kernel_counts_gpu_memory():
+    snap = FOUR_PINNED.rank_zero("ready")
+    assert snap.drm.cards == 4 and snap.drm.clients == 4
+    assert snap.drm.total_gtt == (3 * 3_224_370 + 78_644) * KiB, "3 peer imports + its own"
+    assert snap.drm.total_vram == 3_224_370 * KiB
+    assert snap.gpu_active == 13_277_592 * KiB, "meminfo's GPUActive"
+    assert snap.mem_free is not None and snap.available == snap.mem_available
+    assert FOUR_PINNED.rank_zero("start").drm is None, "devices not opened at process start"
+
+
+def test_a_kernel_without_the_gpu_count_gives_none():
+    snap = TWO_PINNED.rank_zero("ready")
+    assert snap.gpu_active is None and snap.drm.cards == 2
+
+
+@pytest.mark.parametrize(
+    ("meminfo", "vmstat", "expected"),
+    [
+        ({"GPUActive": 8 * KiB}, "nr_gpu_active 5\n", 8 * KiB),
+        ({}, "nr_gpu_active 5\n", 5 * snapshot.PAGE_SIZE),
+        ({}, "nr_gpu_active lots\n", None),
+        ({}, None, None),
+    ],
+    ids=["meminfo", "vmstat", "garbage", "neither"],
+)
+def test_gpu_active_prefers_meminfo_and_falls_back_to_vmstat(meminfo, vmstat, expected):
+    assert gpu_active(meminfo, vmstat) == expected
+
+
+def test_garbage_gpuactive_falls_back_to_nr_gpu_active(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("GPUActive:      many kB\nMemFree: 10 kB\n")
+    (tmp_path / "proc" / "vmstat").write_text("nr_gpu_active 3\n")
+    snap = ProcReader(tmp_path).take("self", pss=False)
+    assert snap.gpu_active == 3 * snapshot.PAGE_SIZE and snap.mem_free == 10 * KiB
+
+
+def test_without_memavailable_the_available_figure_is_memfree_and_page_cache():
+    assert Snapshot(ts=0, pid=1, mem_free=3 * GiB, cached=2 * GiB).available == 5 * GiB
+    assert Snapshot(ts=0, pid=1, mem_available=4 * GiB, mem_free=1).available == 4 * GiB
+    assert Snapshot(ts=0, pid=1, cached=2 * GiB).available is None
+
+
 def test_missing_files_give_none_not_errors(tmp_path):
     snap = ProcReader(tmp_path).take(1)
     assert snap.rss_anon is None and snap.mem_available is None and snap.drm is None
+    assert snap.mem_free is None and snap.gpu_active is None
     assert snap.cgroup_current is None and snap.cgroup_max is None
 
 

@@ -5,8 +5,12 @@ A process whose /proc files the kernel refuses to us (``hidepid``, another
 user's) stays in the tree with empty figures and the refused files in ``denied``;
 the report names it once. Only a process that is gone leaves the tree.
 The system row carries "outside any process": the MemAvailable drop since the
-first sample minus the growth of the tree's anonymous + shmem PSS, the
-signature of driver-pinned host memory (``memory.attribution.outside_any_process``).
+first sample minus the growth of the tree's anonymous + shmem PSS
+(``memory.attribution.outside_any_process``); once the tree has a DRM client, the
+driver's host copy as the host committed it (the kernel's ``GPUActive`` rise where it
+counts GPU memory, else "outside any process"); and the tree's peer imports, the rise of
+its summed ``drm-total-gtt``, which is not host memory by itself
+(``memory.attribution.driver_host_copy``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import IO, Any, TypeVar
 import psutil
 
 from vllm_xpu_memfix.core.units import MiB
-from vllm_xpu_memfix.memory.attribution import outside_any_process
+from vllm_xpu_memfix.memory.attribution import driver_host_copy, outside_any_process
 from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader, Snapshot
 from vllm_xpu_memfix.memory.tree import role_of
 
@@ -44,9 +48,11 @@ COLUMNS = (
     "rss_shmem",
     "pss",
     "anon_pss",
+    "drm_cards",
     "drm_total_gtt",
     "drm_total_vram",
     "mem_total",
+    "mem_free",
     "mem_available",
     "cached",
     "committed_as",
@@ -55,6 +61,8 @@ COLUMNS = (
     "cgroup_max",
     "gpu_active",
     "outside_processes",
+    "driver_host_copy",
+    "peer_imports",
     "denied",
 )
 _TITLE = re.compile(r"\w+::(\S+)")
@@ -74,6 +82,9 @@ class Peaks:
     summed_pss: int = 0
     mem_available_drop: int = 0
     outside_processes: int = 0
+    # None until the tree has a DRM client.
+    driver_host_copy: int | None = None
+    peer_imports: int | None = None
     per_process: dict[int, int] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
     # Processes whose files the kernel refused, with the files, as last seen.
@@ -83,6 +94,8 @@ class Peaks:
         self.summed_rss = max(self.summed_rss, sum(r["rss"] or 0 for r in rows))
         self.summed_pss = max(self.summed_pss, sum(r["pss"] or 0 for r in rows))
         self.outside_processes = max(self.outside_processes, system["outside_processes"] or 0)
+        self.driver_host_copy = _peak(self.driver_host_copy, system["driver_host_copy"])
+        self.peer_imports = _peak(self.peer_imports, system["peer_imports"])
         for r in rows:
             self.labels[r["pid"]] = r["label"]
             if r["denied"]:
@@ -96,8 +109,14 @@ class Peaks:
             f"peak summed PSS {self.summed_pss / MiB:,.0f} MiB, "
             f"largest MemAvailable drop {self.mem_available_drop / MiB:,.0f} MiB, "
             f"peak outside any process {self.outside_processes / MiB:,.0f} MiB",
-            "peak RSS per process:",
         ]
+        if self.driver_host_copy is not None:
+            lines.append(
+                f"peak driver host copy (committed) {self.driver_host_copy / MiB:,.0f} MiB, "
+                f"peak peer imports {(self.peer_imports or 0) / MiB:,.0f} MiB "
+                "(drm-total-gtt: not host memory by itself)"
+            )
+        lines.append("peak RSS per process:")
         for pid, rss in sorted(self.per_process.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {self.labels[pid]:<32} {rss / MiB:>10,.0f} MiB")
         if self.unreadable:
@@ -108,6 +127,13 @@ class Peaks:
             for pid, denied in sorted(self.unreadable.items()):
                 lines.append(f"  {self.labels[pid]:<32} refused: {denied}")
         return "\n".join(lines)
+
+
+def _peak(peak: int | None, value: int | None) -> int | None:
+    """The larger of the two; ``None`` while neither was seen."""
+    if value is None:
+        return peak
+    return value if peak is None else max(peak, value)
 
 
 def _allowed(read: Callable[[], T], default: T) -> T:
@@ -130,8 +156,10 @@ class Sampler:
         self.root = psutil.Process(root_pid)
         self.reader = reader
         self.t0 = time.time()
-        self.first_available: int | None = None
-        self.first_tree_anon_pss: int | None = None
+        # The system and the tree at the first sample, which later samples are measured from.
+        self.first: Snapshot | None = None
+        self.first_tree_anon_pss = 0
+        self.first_imports = 0
         self.peaks = Peaks()
         # A worker's title is set a while after it starts; keep the most telling label.
         self.labels: dict[int, str] = {}
@@ -170,6 +198,7 @@ class Sampler:
                     "rss_file": snap.rss_file,
                     "rss_shmem": snap.rss_shmem,
                     "pss": snap.pss,
+                    "drm_cards": snap.drm.cards if snap.drm else None,
                     "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
                     "drm_total_vram": snap.drm.total_vram if snap.drm else None,
                     "denied": ", ".join(snap.denied),
@@ -182,10 +211,20 @@ class Sampler:
     def _system_row(self, now: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
         snap = self.reader.take(self.root.pid, pss=False)
         tree_anon_pss = sum(r["anon_pss"] or 0 for r in rows)
-        if self.first_available is None:
-            self.first_available, self.first_tree_anon_pss = snap.mem_available, tree_anon_pss
+        imports = sum(r["drm_total_gtt"] or 0 for r in rows)
+        if self.first is None:
+            self.first, self.first_tree_anon_pss, self.first_imports = snap, tree_anon_pss, imports
         outside = outside_any_process(
-            self.first_available, snap.mem_available, self.first_tree_anon_pss, tree_anon_pss
+            self.first.available, snap.available, self.first_tree_anon_pss, tree_anon_pss
+        )
+        cards = max((r["drm_cards"] or 0 for r in rows), default=0)
+        copy = driver_host_copy(
+            self.first,
+            snap,
+            outside,
+            gpu_driver=cards > 0,
+            peer_imports=imports - self.first_imports,
+            cards=cards,
         )
         if outside.mem_available_drop is not None:
             self.peaks.mem_available_drop = max(
@@ -204,6 +243,7 @@ class Sampler:
             "pss": sum(r["pss"] or 0 for r in rows),
             "anon_pss": tree_anon_pss,
             "mem_total": snap.mem_total,
+            "mem_free": snap.mem_free,
             "mem_available": snap.mem_available,
             "cached": snap.cached,
             "committed_as": snap.committed_as,
@@ -212,6 +252,8 @@ class Sampler:
             "cgroup_max": snap.cgroup_max,
             "gpu_active": snap.gpu_active,
             "outside_processes": outside.outside_processes,
+            "driver_host_copy": copy.committed,
+            "peer_imports": copy.peer_imports if cards else None,
         }
 
 
@@ -238,6 +280,18 @@ def sample_to_csv(
     except psutil.NoSuchProcess:
         csv_path.write_text(",".join(COLUMNS) + "\n", encoding="utf-8")
         return Peaks()
+    return record(sampler, csv_path, keep_going, interval, live)
+
+
+def record(
+    sampler: Sampler,
+    csv_path: Path,
+    keep_going: Callable[[], bool],
+    interval: float = 0.5,
+    live: IO[str] | None = None,
+) -> Peaks:
+    """Write ``sampler``'s samples into ``csv_path`` every ``interval`` s while
+    ``keep_going()``."""
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()

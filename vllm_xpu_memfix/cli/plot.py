@@ -24,6 +24,10 @@ DEFAULT_NAME = "host-memory.png"
 # The columns plot reads from a monitor CSV.
 NEEDED = ("ts", "t", "pid", "label", "rss", "pss", "mem_available", "outside_processes")
 _SYSTEM_NUMBERS = ("ts", "t", "mem_available", "outside_processes")
+# System figures of newer monitor CSVs, drawn where the CSV has them.
+_LATER_SYSTEM_NUMBERS = ("driver_host_copy", "peer_imports")
+DRIVER_HOST_COPY = "driver host copy (committed)"
+PEER_IMPORTS = "peer imports (drm-total-gtt): not host memory by itself"
 
 
 class PlotError(RuntimeError):
@@ -91,6 +95,7 @@ def read_monitor_csv(
         try:
             if row["pid"] == "system":
                 sample = {k: _number(row[k]) for k in _SYSTEM_NUMBERS}
+                sample.update({k: _number(row[k]) for k in _LATER_SYSTEM_NUMBERS if k in row})
                 if sample["t"] is None or sample["ts"] is None:
                     raise ValueError("no time")
                 system.append(sample)
@@ -152,6 +157,43 @@ def read_ledger_phases(
     return [(ts, " / ".join(names)) for ts, names in marks]
 
 
+@dataclass(frozen=True)
+class Line:
+    """One system figure drawn over the stack: GiB per sample."""
+
+    label: str
+    gib: list[float]
+    style: dict[str, Any]
+
+
+def _gigabytes(system: list[dict[str, Any]], key: str) -> list[float] | None:
+    """One system figure in GiB per sample, 0 where a sample leaves it empty; None where no
+    sample gives it (a CPU-only tree, or a CSV from before the column)."""
+    values = [s.get(key) for s in system]
+    if all(v is None for v in values):
+        return None
+    return [(v or 0) / GiB for v in values]
+
+
+def system_lines(system: list[dict[str, Any]]) -> list[Line]:
+    """The lines drawn over the stacked processes. The driver's host copy is the figure the
+    host committed; ``drm-total-gtt`` is drawn as what it is, peer imports."""
+    lines = []
+    first_available = next((s["mem_available"] for s in system if s["mem_available"]), None)
+    if first_available is not None:
+        drop = [(first_available - (s["mem_available"] or first_available)) / GiB for s in system]
+        lines.append(Line("MemAvailable drop since start", drop, {"color": "black", "lw": 1.8}))
+    outside = [(s["outside_processes"] or 0) / GiB for s in system]
+    lines.append(Line("not in any process", outside, {"color": "crimson", "lw": 1.5, "ls": "--"}))
+    copy = _gigabytes(system, "driver_host_copy")
+    if copy is not None:
+        lines.append(Line(DRIVER_HOST_COPY, copy, {"color": "darkred", "lw": 2.2}))
+    imports = _gigabytes(system, "peer_imports")
+    if imports is not None:
+        lines.append(Line(PEER_IMPORTS, imports, {"color": "purple", "lw": 1.2, "ls": ":"}))
+    return lines
+
+
 def output_path(out: Path) -> Path:
     """The file plot writes for ``-o out``: ``out`` itself, or ``out/host-memory.png`` for
     a directory; PlotError for an extension it cannot write."""
@@ -189,12 +231,8 @@ def plot(
     fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
     if stacks:
         ax.stackplot(times, stacks, labels=labels, alpha=0.75)
-    first_available = next((s["mem_available"] for s in system if s["mem_available"]), None)
-    if first_available is not None:
-        drop = [(first_available - (s["mem_available"] or first_available)) / GiB for s in system]
-        ax.plot(times, drop, color="black", lw=1.8, label="MemAvailable drop since start")
-    outside = [(s["outside_processes"] or 0) / GiB for s in system]
-    ax.plot(times, outside, color="crimson", lw=1.5, ls="--", label="not in any process")
+    for line in system_lines(system):
+        ax.plot(times, line.gib, label=line.label, **line.style)
     if ledger_dir is not None:
         t0 = system[0]["ts"] - system[0]["t"]
         for ts, name in read_ledger_phases(ledger_dir, skipped=skipped):

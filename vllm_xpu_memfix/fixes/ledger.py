@@ -15,7 +15,9 @@ Mechanism
     V2-runner warm-up runs batches too); the vLLM process tree's PSS is added at
     the first and last. At ready each worker logs a table and one attribution
     line: the parts it knows (a KV cache and weights in host memory) are taken
-    out, and the likely cause is named for what remains; and the host's room then
+    out, the driver's host copy is what the host committed (``GPUActive``, else
+    MemAvailable less the tree's PSS; ``drm-total-gtt`` is shown as peer imports
+    only), and the likely cause is named for what remains; and the host's room then
     (``memory.room``, the figure the load lock and doctor use: MemAvailable, or the
     container's cgroup limit less its usage where smaller).
     ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.core.units import MiB
+from vllm_xpu_memfix.core.units import GiB, MiB
 from vllm_xpu_memfix.memory import snapshot
-from vllm_xpu_memfix.memory.attribution import Attribution, attribute
+from vllm_xpu_memfix.memory.attribution import Attribution, HostCopy, attribute
 from vllm_xpu_memfix.memory.snapshot import Snapshot
 
 PHASES = (
@@ -41,6 +41,23 @@ class Entry:
 
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / MiB:,.0f}"
+
+
+def _minus(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a - b
+
+
+def host_copy_parts(copy: HostCopy) -> list[str]:
+    """The driver's committed host copy and the peer imports, as the summary line says them."""
+    parts = []
+    if copy.committed is not None:
+        parts.append(
+            f"driver host copy (committed, {copy.counted_by}): {copy.committed / GiB:+,.1f} GiB"
+        )
+    if copy.peer_imports:
+        imports = f"peer imports: {copy.peer_imports / GiB:,.1f} GiB (not host memory by itself"
+        parts.append(imports + ("; the host holds no copy)" if copy.imports_without_copy else ")"))
+    return parts
 
 
 def _mib_known(value: int) -> str:
@@ -152,29 +169,32 @@ class Ledger:
         )
 
     def table(self) -> str:
-        """Phase x host figures in MiB, MemAvailable as the drop since the first phase."""
+        """Phase x host figures in MiB: MemAvailable as the drop and the kernel's GPU-held
+        memory as the rise since the first phase; ``drm-total-gtt`` as the GTT imports."""
         if not self.entries:
             return ""
-        first = self.entries[0]
+        first = self.entries[0].snapshot
         has_drm = any(e.snapshot.drm for e in self.entries)
+        has_gpu_count = first.gpu_active is not None
         header = ["phase", "t (s)", "RssAnon", "RssFile", "Pss", "tree anon Pss", "MemAvail drop"]
+        if has_gpu_count:
+            header += ["GPUActive rise"]
         if has_drm:
-            header += ["GTT", "VRAM"]
+            header += ["GTT imports", "VRAM"]
         rows = [header]
         for e in self.entries:
             s = e.snapshot
-            drop = None
-            if first.snapshot.mem_available is not None and s.mem_available is not None:
-                drop = first.snapshot.mem_available - s.mem_available
             row = [
                 e.phase,
-                f"{s.ts - first.snapshot.ts:.1f}",
+                f"{s.ts - first.ts:.1f}",
                 _mib(s.rss_anon),
                 _mib(s.rss_file),
                 _mib(s.pss),
                 _mib(e.tree_anon_pss),
-                _mib(drop),
+                _mib(_minus(first.available, s.available)),
             ]
+            if has_gpu_count:
+                row += [_mib(_minus(s.gpu_active, first.gpu_active))]
             if has_drm:
                 row += [_mib(s.drm.total_gtt if s.drm else None)]
                 row += [_mib(s.drm.total_vram if s.drm else None)]
@@ -204,7 +224,6 @@ class Ledger:
         ]
         if a.outside_processes is not None:
             parts.append(f"outside any process {a.outside_processes / MiB:+,.0f} MiB")
-        if a.drm_gtt:
-            parts.append(f"DRM GTT {a.drm_gtt / MiB:+,.0f} MiB")
+        parts += host_copy_parts(a.host_copy)
         since = self.entries[0].phase
         return f"attribution since {since}: {', '.join(parts)}; likely cause: {a.explanation}"

@@ -13,8 +13,11 @@ Sources:
 
 - ``/proc/<pid>/status``: RssAnon, RssFile, RssShmem, VmHWM, VmSwap
 - ``/proc/<pid>/smaps_rollup``: Pss, Pss_Anon, Pss_File
-- ``/proc/meminfo``: MemTotal, MemAvailable, Cached, Committed_AS, SwapTotal, SwapFree
-- ``/proc/vmstat``: ``nr_gpu_active`` (pages), where the kernel has it
+- ``/proc/meminfo``: MemTotal, MemFree, MemAvailable, Cached, Committed_AS, SwapTotal,
+  SwapFree, and ``GPUActive`` where the kernel has it
+- ``/proc/vmstat``: ``nr_gpu_active`` (pages), where the kernel has it: the same count as
+  ``GPUActive`` (system memory the GPU drivers hold for their objects), read where
+  meminfo lacks it
 - the memory cgroup of the process, v2 (``memory.current``/``memory.max``) or v1
 - ``/proc/<pid>/fdinfo/*``: DRM client usage stats (``drm-total-gtt``, ...), as
   documented in the kernel's ``Documentation/gpu/drm-usage-stats.rst`` and
@@ -76,6 +79,8 @@ class DrmUsage:
 
     drivers: tuple[str, ...]
     clients: int
+    # The GPUs the process has clients on (distinct ``drm-pdev``; clients where no pdev).
+    cards: int = 1
     total_gtt: int = 0
     total_vram: int = 0
     total_system: int = 0
@@ -89,6 +94,7 @@ def parse_drm_fdinfo(texts: Iterator[str] | list[str]) -> DrmUsage | None:
     the kernel documents for avoiding double counting.
     """
     seen: set[tuple[str, str]] = set()
+    cards: set[str] = set()
     drivers: list[str] = []
     totals = {"gtt": 0, "vram": 0, "system": 0, "resident": 0}
     for text in texts:
@@ -104,6 +110,7 @@ def parse_drm_fdinfo(texts: Iterator[str] | list[str]) -> DrmUsage | None:
         if client in seen:
             continue
         seen.add(client)
+        cards.add(fields.get("drm-pdev") or ":".join(client))
         if driver not in drivers:
             drivers.append(driver)
         for key, value in fields.items():
@@ -123,6 +130,7 @@ def parse_drm_fdinfo(texts: Iterator[str] | list[str]) -> DrmUsage | None:
     return DrmUsage(
         drivers=tuple(drivers),
         clients=len(seen),
+        cards=len(cards),
         total_gtt=totals["gtt"],
         total_vram=totals["vram"],
         total_system=totals["system"],
@@ -170,6 +178,7 @@ class Snapshot:
     pss_file: int | None = None
     pss_shmem: int | None = None
     mem_total: int | None = None
+    mem_free: int | None = None
     mem_available: int | None = None
     cached: int | None = None
     committed_as: int | None = None
@@ -177,6 +186,7 @@ class Snapshot:
     swap_free: int | None = None
     cgroup_current: int | None = None
     cgroup_max: int | None = None
+    # System memory the GPU drivers hold (GPUActive, else nr_gpu_active), system-wide.
     gpu_active: int | None = None
     drm: DrmUsage | None = field(default=None)
     # The process exited (or never was) before its files could be read.
@@ -189,15 +199,32 @@ class Snapshot:
         """Anonymous + shmem PSS (see :func:`anon_pss`); ``None`` without ``pss=True``."""
         return anon_pss(self.pss_anon, self.pss_shmem)
 
+    @property
+    def available(self) -> int | None:
+        """MemAvailable; on a kernel without it (before 3.14), MemFree + Cached, as ``free``
+        counted page cache as available then."""
+        if self.mem_available is not None:
+            return self.mem_available
+        return None if self.mem_free is None else self.mem_free + (self.cached or 0)
+
     def as_dict(self) -> dict[str, object]:
         """Flat mapping of the figures for JSON and CSV: DRM figures become ``drm_*`` keys;
         ``gone`` and ``denied`` are left out."""
         flat = {k: v for k, v in asdict(self).items() if k not in ("drm", "gone", "denied")}
         drm = self.drm
         flat["drm_driver"] = ",".join(drm.drivers) if drm else None
-        for name in ("total_gtt", "total_vram", "total_system", "resident"):
+        for name in ("cards", "total_gtt", "total_vram", "total_system", "resident"):
             flat[f"drm_{name}"] = getattr(drm, name) if drm else None
         return flat
+
+
+def gpu_active(meminfo: Mapping[str, int], vmstat_text: str | None) -> int | None:
+    """Bytes of system memory the GPU drivers hold: meminfo's ``GPUActive``, else vmstat's
+    ``nr_gpu_active`` pages; ``None`` on a kernel with neither."""
+    if "GPUActive" in meminfo:
+        return meminfo["GPUActive"]
+    pages = parse_vmstat(vmstat_text).get("nr_gpu_active") if vmstat_text else None
+    return None if pages is None else pages * PAGE_SIZE
 
 
 def _exited(status: str) -> bool:
@@ -372,8 +399,6 @@ class ProcReader:
         cgroup = self._cgroup_memory(files)
         drm = self._drm_usage(files)
         meminfo = self.meminfo()
-        vmstat_text = self._read("proc", "vmstat")
-        gpu_pages = parse_vmstat(vmstat_text).get("nr_gpu_active") if vmstat_text else None
         return Snapshot(
             ts=time.time(),
             pid=os.getpid() if pid_s == "self" else int(pid_s),
@@ -387,6 +412,7 @@ class ProcReader:
             pss_file=rollup.get("Pss_File"),
             pss_shmem=rollup.get("Pss_Shmem"),
             mem_total=meminfo.get("MemTotal"),
+            mem_free=meminfo.get("MemFree"),
             mem_available=meminfo.get("MemAvailable"),
             cached=meminfo.get("Cached"),
             committed_as=meminfo.get("Committed_AS"),
@@ -394,7 +420,7 @@ class ProcReader:
             swap_free=meminfo.get("SwapFree"),
             cgroup_current=cgroup.usage,
             cgroup_max=cgroup.limit,
-            gpu_active=None if gpu_pages is None else gpu_pages * PAGE_SIZE,
+            gpu_active=gpu_active(meminfo, self._read("proc", "vmstat")),
             drm=drm,
             gone=files.gone,
             denied=tuple(files.denied),
