@@ -1,32 +1,50 @@
-"""The README documents every switch the code reads, with its values and default."""
+"""The docs hold to the code and to each other.
 
+- docs/switches.md documents every switch the code reads, with its values and default;
+- the README's per-fix rows name each fix's switch, values and default as the code has them;
+- the README opens with the two set-up commands, and CI runs the test one;
+- the README stays short, docs/README.md indexes every file in docs/, and no relative link
+  in the README, CONTRIBUTING.md or docs/ is dead.
+"""
+
+from __future__ import annotations
+
+import re
 from pathlib import Path
+
+import pytest
 
 from vllm_xpu_memfix.core import config
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+SWITCHES = (ROOT / "docs" / "switches.md").read_text()
+README_LIMIT = 12_000
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def _switch_table() -> list[str]:
-    """The lines of the one table under the README's "## Switches" heading."""
-    section = README.split("\n## Switches\n", 1)[1].split("\n## ", 1)[0]
-    lines = section.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| variable"))
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    return lines[start:end]
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the first Markdown table whose header starts ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
 
 
-def _row(variable: str) -> list[str]:
-    for line in _switch_table():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == f"`{variable}`":
+def _switch_row(variable: str) -> list[str]:
+    for cells in _table(SWITCHES, "| variable"):
+        if cells[0] == f"`{variable}`":
             return cells
-    raise AssertionError(f"{variable} has no row in the README switch table")
+    raise AssertionError(f"{variable} has no row in docs/switches.md")
 
 
 def test_every_variable_has_a_row_with_its_default_and_values():
     for variable in config.VARIABLES:
-        _name, values, default, effect = _row(variable.name)
+        _name, values, default, effect = _switch_row(variable.name)
         expected_default = f"`{variable.default}`" if variable.default else "unset"
         assert default.startswith(expected_default), variable.name
         for value in variable.choices:
@@ -36,9 +54,70 @@ def test_every_variable_has_a_row_with_its_default_and_values():
         assert values and effect
 
 
+def test_the_readme_has_one_row_per_fix_with_its_switch_values_and_default():
+    rows = {cells[0]: cells[1:] for cells in _table(README, "| fix | switch")}
+    assert list(rows) == [fix.key for fix in config.FIXES]
+    for fix in config.FIXES:
+        variable = config.SWITCHES[fix.key]
+        switch, values, default = rows[fix.key]
+        assert switch == f"`{variable.name}`"
+        assert values == ", ".join(f"`{choice}`" for choice in variable.choices), fix.key
+        assert default == f"`{variable.default}`", fix.key
+
+
 def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
     first_block = README.split("```bash", 1)[1].split("```", 1)[0]
     commands = [line.split("#")[0].strip() for line in first_block.strip().splitlines()]
     assert commands == ["make demo", "make test"]
-    ci = (Path(__file__).parent.parent / ".ci" / "run").read_text()
+    assert README.index("```bash") < README.index("\n## ")
+    ci = (ROOT / ".ci" / "run").read_text()
     assert ci.strip().splitlines()[-1] == "make test"
+
+
+def test_the_readme_is_read_in_five_minutes():
+    size = len(README.encode())
+    assert size <= README_LIMIT, f"README.md is {size:,} bytes; move detail into docs/"
+
+
+def test_docs_index_names_every_file_in_docs():
+    index = ROOT / "docs" / "README.md"
+    linked = {(index.parent / target.split("#")[0]).resolve() for target in _links(index)}
+    files = {p.resolve() for p in (ROOT / "docs").rglob("*") if p.is_file() and p != index}
+    missing = sorted(str(p.relative_to(ROOT)) for p in files - linked)
+    assert missing == [], f"docs/README.md does not index: {missing}"
+
+
+def _links(path: Path) -> list[str]:
+    """Relative link targets of a Markdown file (web links and bare anchors left out)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    targets = (m.group(1) for m in _LINK.finditer(text))
+    return [t for t in targets if not re.match(r"[a-z]+:|#", t)]
+
+
+DOCS = sorted(
+    [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")],
+    key=str,
+)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_relative_link_is_dead(doc):
+    dead = [t for t in _links(doc) if not (doc.parent / t.split("#")[0]).exists()]
+    assert dead == [], f"{doc.relative_to(ROOT)} links to missing files: {dead}"
+
+
+def test_the_link_check_sees_a_dead_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[here](missing.md) [web](https://example.org) [anchor](#top)\n")
+    assert _links(page) == ["missing.md"]
+
+
+def test_check_md_shows_every_patch_target_of_every_fix():
+    from vllm_xpu_memfix import fixes
+
+    shown = (ROOT / "docs" / "check.md").read_text()
+    # A platform worker's own method is patched (and shown) only where that class defines it.
+    patches = fixes.all_patches(config.load({}))
+    targets = {(p.fix, p.target) for p in patches if not p.own_only}
+    missing = sorted(t for t in targets if not re.search(rf"{t[0]} .* {re.escape(t[1])} ", shown))
+    assert targets and missing == [], f"docs/check.md's output lacks: {missing}"

@@ -3,7 +3,8 @@
 Every other module receives a :class:`Settings` object. The tables below are
 the single source for the switch names, their accepted values and defaults:
 ``vllm-xpu-memfix check`` and the registration with vLLM's own environment table
-are generated from them, and a test holds the README's switch table to them.
+are generated from them, and a test holds docs/switches.md's table and the README's
+per-fix rows to them.
 """
 
 from __future__ import annotations
