@@ -275,3 +275,23 @@ def test_docs_name_every_code():
     for code in (*codes.CAUSES, *codes.REMEDIES):
         if code not in (codes.PROCESS_BASELINE, codes.CONTAINER_LIMIT):
             assert f"`{code}`" in troubleshooting, code
+
+
+def test_docs_give_every_image_row_with_its_load_layouts_and_runtime():
+    """docs/doctor.md's image table says what catalog.IMAGES holds, row for row."""
+    from vllm_xpu_memfix.cli.doctor import catalog
+
+    text = (Path(__file__).parent.parent / "docs" / "doctor.md").read_text()
+    rows = {}
+    for line in text.split("### llm-scaler images doctor knows", 1)[1].splitlines()[4:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for tag in cells[0].split(","):
+            rows[tag.split()[0]] = cells
+    assert set(rows) == {image.tag for image in catalog.IMAGES}
+    for image in catalog.IMAGES:
+        _tag, load, layouts, runtime, _source = rows[image.tag]
+        assert load.startswith("legacy" if image.load == "legacy" else "per layer"), image.tag
+        assert layouts.startswith("2" if image.duplicate_layout else "1"), image.tag
+        assert runtime.startswith(image.compute_runtime or "unknown"), image.tag

@@ -95,67 +95,96 @@ class Image:
         return self.int4_bytes_per_weight > ONE_LAYOUT
 
 
-_SET_021 = {OFFLOAD: "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+# What the Dockerfiles set (llm-scaler tags, vllm/docker/Dockerfile ENV lines, read in
+# docs/research/intel-images-and-driver.md, table A.2). No tag sets a driver debug key.
+_SET_010 = {OFFLOAD: "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+_SET_014_B82 = {**_SET_010, "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+_SET_021 = {**_SET_010, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+# The 0.21 images' runtime base, intel/pytorch:xpu-2.11.0-ubuntu24.04, carries this
+# compute-runtime (vllm/docker/Dockerfile.dev, lines 8-11, at tags vllm-0.21.0-b1 and -b2).
+_RUNTIME_021 = "26.14.37833.4"
 IMAGES = (
     Image(
         "0.10.2-b5",
-        "llm-scaler tag vllm-0.10.2-b5: vllm/docker/Dockerfile (ENV), "
-        "vllm/patches/vllm_for_multi_arc.patch (reads the variable)",
+        "llm-scaler tag vllm-0.10.2-b5: vllm/docker/Dockerfile (ENV, lines 126-128), "
+        "vllm_for_multi_arc.patch (weights created on the CPU: the whole shard)",
         "legacy",
         ONE_LAYOUT,
         "before the 0.14 seam",
-        dict(_SET_021),
+        dict(_SET_010),
+        "25.40",
+        "not recorded in the repository (an offline installer); the tag (2025-11-04) predates "
+        "compute-runtime 25.44.36015.5 (2025-11-14), so 25.40 at the newest",
     ),
     Image(
         "0.14.0-b8.2",
-        "llm-scaler tag vllm-0.14.0-b8.2: vllm/docker/Dockerfile, vllm_for_multi_arc.patch",
+        "llm-scaler tag vllm-0.14.0-b8.2: vllm/docker/Dockerfile (ENV, lines 51, 129-131), "
+        "vllm_for_multi_arc.patch (weights created on the CPU: the whole shard)",
         "legacy",
         ONE_LAYOUT,
         "before the 0.14 seam",
-        dict(_SET_021),
-        "26.09",
-        "llm-scaler #382 (as the research record gives it)",
+        dict(_SET_014_B82),
+        "26.09.37435.12",
+        "llm-scaler #382: sycl-ls inside the container",
+    ),
+    Image(
+        "0.14.0-b8.2.1",
+        "llm-scaler tag vllm-0.14.0-b8.2.1 (image 1.4 by digest, Releases.md): as 0.14.0-b8.2",
+        "legacy",
+        ONE_LAYOUT,
+        "before the 0.14 seam",
+        dict(_SET_014_B82),
+        "26.09.37435.12",
+        "llm-scaler #396: sycl-ls inside the container",
     ),
     Image(
         "0.14.0-b8.3",
-        "llm-scaler tag vllm-0.14.0-b8.3: vllm/docker/Dockerfile, vllm_for_multi_arc.patch",
+        "llm-scaler tag vllm-0.14.0-b8.3: vllm/docker/Dockerfile (ENV, lines 135-137), "
+        "vllm_for_multi_arc.patch (reads the variable; the image sets it)",
         "legacy",
         ONE_LAYOUT,
         "seam (0.14, b8.3 line)",
-        dict(_SET_021),
+        dict(_SET_010),
     ),
     Image(
         "0.21.0-b1",
-        "llm-scaler tag vllm-0.21.0-b1: vllm/docker/Dockerfile, vllm_for_multi_arc.patch "
-        "(layouts registered inline: weight_esimd and transpose_onednn_woq_format)",
+        "llm-scaler tag vllm-0.21.0-b1: vllm/docker/Dockerfile (ENV, lines 143-146), "
+        "vllm_for_multi_arc.patch (layouts registered inline: weight_esimd and a "
+        "transposed contiguous copy)",
         "legacy",
         TWO_LAYOUTS,
         "inline-registration (0.21 b1)",
         dict(_SET_021),
+        _RUNTIME_021,
+        "its base image, per vllm/docker/Dockerfile.dev at the tag",
     ),
     Image(
         "0.21.0-b2",
-        "llm-scaler tag vllm-0.21.0-b2: vllm/docker/Dockerfile, vllm_for_multi_arc.patch "
-        "(_register_linear_int4_layouts; llm-scaler PR #589 aliases the two layouts)",
+        "llm-scaler tag vllm-0.21.0-b2: vllm/docker/Dockerfile (ENV, lines 139-142), "
+        "vllm_for_multi_arc.patch (_register_linear_int4_layouts; llm-scaler PR #589 "
+        "keeps the oneDNN weight as a view of the ESIMD buffer)",
         "legacy",
         ONE_LAYOUT,
         "host-round-trip (0.21 b2)",
         dict(_SET_021),
+        _RUNTIME_021,
+        "its base image, per vllm/docker/Dockerfile.dev at the tag",
     ),
     Image(
         "0.21.0-b3.1",
-        "llm-scaler #618 (its compute-runtime); its module is taken to be 0.21.0-b2's",
+        "llm-scaler #618 (its compute-runtime); no tag in the repository, so its module is "
+        "taken to be 0.21.0-b2's",
         "legacy",
         ONE_LAYOUT,
         "host-round-trip (0.21 b2), assumed",
         dict(_SET_021),
-        "26.14",
+        _RUNTIME_021,
         "llm-scaler #618 (the image's own, not the host's 26.27)",
     ),
     Image(
         "0.26.0-b1",
-        "llm-scaler #672, #697: the variable is set but no longer read; upstream layerwise "
-        "processing (finalize_layerwise_processing)",
+        "llm-scaler #672, #697 (no tag in the repository): the variable is set but no longer "
+        "read; upstream layerwise processing (finalize_layerwise_processing)",
         "layerwise",
         ONE_LAYOUT,
         "0.26 (layerwise), assumed one layout",
@@ -163,7 +192,7 @@ IMAGES = (
     ),
     Image(
         "0.26.0-b2",
-        "llm-scaler #672, #697, #703: as 0.26.0-b1",
+        "llm-scaler #672, #697, #703 (no tag in the repository): as 0.26.0-b1",
         "layerwise",
         ONE_LAYOUT,
         "0.26 (layerwise), assumed one layout",
