@@ -140,12 +140,14 @@ def test_703_human_report(issue_703):
     assert "card1 0000:03:00.0 0xe223 Arc Pro B70" in out
     assert "compute-runtime 26.14.37833.4-1~24.04 (dpkg: intel-opencl-icd)" in out
     assert (
-        "Verdict: WILL RUN OUT OF MEMORY at kv_cache, on the host (largest part: driver mirror)"
-        in out
+        "Verdict: WILL RUN OUT OF MEMORY at kv_cache, on the host "
+        "(largest part: driver_host_copy)" in out
     )
     assert "  kv_cache  host   131.8 GiB   device   29.4 GiB  <- runs out on the host" in out
     assert "not modelled" not in out, "doctor's own flags: the unknown ones are ignored"
-    assert "host: driver mirror    29.4 GiB" in out
+    assert "host: driver copy      29.4 GiB" in out
+    verdict = out.index("Verdict:")
+    assert "  - " not in out[verdict:], "the remedies are listed once, with their outcome"
     assert "ignoring --enable-auto-tool-choice --port 8020" in result.stderr
 
 

@@ -517,7 +517,7 @@ ROWS = {
             "WARNING",
             (
                 "set NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0 in this vLLM",
-                "it costs P2P: oneCCL falls back to host-staged collectives",
+                "it costs P2P: oneCCL falls back to its USM (host-staged) collectives",
             ),
         ),
         ("ERROR", ("P2P stays on in this process", *OOM)),

@@ -123,7 +123,8 @@ def test_no_peer_access_prints_its_variables_and_their_cost(node, capsys, monkey
         "export ForceZeDeviceCanAccessPerReturnValue=0",
     ]
     assert any(
-        "turns P2P off: oneCCL falls back to host-staged collectives" in line for line in out
+        "turns P2P off: oneCCL falls back to its USM (host-staged) collectives" in line
+        for line in out
     )
     assert json.loads(run(capsys, "--json")[1][0]) == {
         "env_vars": {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}

@@ -12,9 +12,9 @@ Problem
     compute-runtime #980 (2x B60, 26.31, kernel 7.0): 4 GiB allocated on one card cost
     +4.2 GiB of ``drm-total-gtt`` on its peer and 4.2 GiB of ``MemFree``, and
     ``ForceZeDeviceCanAccessPerReturnValue=0`` removed it;
-    a community probe on 4x B70: the host memory held fell from 12.6 to 0.3 GiB with
-    ``EnableDeferBacking=0`` while ``drm-total-gtt`` stayed the same (the imports remain,
-    only their pinning goes);
+    a community note on 4x B70 (2026-10-04, no thread): the host memory held fell from
+    12.6 to 0.3 GiB with ``EnableDeferBacking=0`` while the peer imports stayed (only
+    their pinning goes);
     compute-runtime #968's 55.12 -> 1.55 GiB (``nr_gpu_active`` peak, 2x B70) came from
     an ``LD_PRELOAD`` shim that skips peer residency altogether, not from any key this
     guard sets. 4 x 0.92 x 31.89 GiB = 117 GiB is arithmetic for llm-scaler #703's
@@ -22,7 +22,8 @@ Problem
     A second failure with the same GPUs (compute-runtime #916): with 2+ Intel GPUs
     (any, A770 included) in one context, compute-runtime 25.44 up to 26.22 and a kernel
     before 7.1, every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
-    ``EnableDeferBacking=0`` does not help there.
+    Intel's workaround there is ``ForceZeDeviceCanAccessPerReturnValue=0``; no report
+    shows ``EnableDeferBacking=0`` helping.
     Intel says two things: its vLLM engineer recommends ``NEOReadDebugKeys=1
     EnableDeferBacking=0`` until the driver is fixed (vllm #50269); compute-runtime's
     maintainer calls debug keys debug-only and names compute-runtime 26.05 as the
@@ -297,7 +298,7 @@ def xe_peer_oom_warning(oom: driver.XePeerOom) -> str:
         )
     kernel = ".".join(map(str, facts.KERNEL_FIXED))
     return (
-        f"{head}, and {DEFER}=0 does not help. Remedies: kernel {kernel} or later; "
+        f"{head}; no report shows {DEFER}=0 helping. Remedies: kernel {kernel} or later; "
         f"compute-runtime {facts.XE_PEER_OOM_FIXED.tag} or later "
         f"({facts.XE_PEER_OOM_FIXED_ON_MASTER.name} on master); or {FIX.env}=no_peer_access "
         f"({_shown(NO_PEER_ACCESS_ENV)}), which costs P2P: {facts.NO_PEER_ACCESS_COST}"

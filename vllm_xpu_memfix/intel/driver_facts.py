@@ -152,10 +152,15 @@ VARIABLE_NAMES = tuple(v.name for v in VARIABLES)
 # What turning P2P off costs (ForceZeDeviceCanAccessPerReturnValue=0): oneCCL builds its
 # P2P table from zeDeviceCanAccessPeer (compute-runtime #980); the figure is a community
 # measurement, not a vLLM A/B.
+# oneCCL uses P2P only where zeDeviceCanAccessPeer is true for every pair (oneCCL's
+# topo_manager); llm-scaler's vllm/README.md (section 2.1) gives the only public figure.
 NO_PEER_ACCESS_COST = (
-    "oneCCL falls back to host-staged collectives (a community figure: about 20 % slower at "
-    "TP 2 on 2x B70; no public vLLM A/B)"
+    "oneCCL falls back to its USM (host-staged) collectives: llm-scaler's README reports about "
+    "15 % more throughput with P2P at large batch; no public vLLM A/B on Battlemage"
 )
+# What Intel names for #916 (compute-runtime #916, 2026-05-26); no report shows
+# EnableDeferBacking=0 helping there.
+XE_PEER_OOM_KEY_WORKAROUND = f"{READ_DEBUG_KEYS}=1 {FORCE_PEER_ACCESS}=0"
 
 # --- what Intel's people say (they differ) ---------------------------------------------
 

@@ -10,9 +10,10 @@ The driver's host copy is measured from what the host committed, never from
 ``drm-total-gtt``: the growth of the kernel's count of GPU-held system memory
 (``GPUActive`` / ``nr_gpu_active``) where the kernel has one, else the MemAvailable drop
 less the vLLM tree's anonymous growth. ``drm-total-gtt`` counts a peer import on every
-card's DRM file, (N-1) times for an allocation with N GPUs, and stays the same when the
-pinning is off (``EnableDeferBacking=0``: a 4x B70 probe held 12.6 -> 0.3 GiB of host
-memory with every import still there), so it is reported as "peer imports" only.
+card's DRM file, (N-1) times for an allocation with N GPUs, and the imports stay when the
+pinning is off (``EnableDeferBacking=0``: a community note on 4x B70, 2026-10-04, saw host
+memory held fall 12.6 -> 0.3 GiB with the imports still present), so it is reported as
+"peer imports" only.
 
 Before a cause is named, the parts the ledger knows are taken out of the process's
 anonymous growth: vLLM's KV cache where it lives in host memory (vLLM's CPU backend,

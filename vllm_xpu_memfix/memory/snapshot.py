@@ -14,7 +14,8 @@ Sources:
 - ``/proc/<pid>/status``: RssAnon, RssFile, RssShmem, VmHWM, VmSwap
 - ``/proc/<pid>/smaps_rollup``: Pss, Pss_Anon, Pss_File
 - ``/proc/meminfo``: MemTotal, MemFree, MemAvailable, Cached, Committed_AS, SwapTotal,
-  SwapFree, and ``GPUActive`` where the kernel has it
+  SwapFree, and ``GPUActive`` where the kernel has it (Linux 7.1 on; a kernel commit after
+  v7.0-rc7, docs/research/intel-images-and-driver.md)
 - ``/proc/vmstat``: ``nr_gpu_active`` (pages), where the kernel has it: the same count as
   ``GPUActive`` (system memory the GPU drivers hold for their objects), read where
   meminfo lacks it

@@ -4,6 +4,8 @@ the two together). A code is never renamed: scripts match on it."""
 
 from __future__ import annotations
 
+from vllm_xpu_memfix.intel import driver_facts as dfacts
+
 # --- verdicts, worst last --------------------------------------------------------------
 
 FITS = "fits"
@@ -77,8 +79,8 @@ REMEDIES = {
     "sets): memory is backed at creation, so no host copy is pinned; P2P stays. A debug "
     "key: Intel's interim workaround (vllm #50269)",
     NO_PEER_ACCESS: "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0: no peer "
-    "access is reported, so no host copy and no #916 failure; costs P2P (oneCCL falls back "
-    "to host-staged collectives, about 20 % slower TP 2 on 2x B70 by community numbers)",
+    "access is reported, so no host copy and no #916 failure; costs P2P: "
+    + dfacts.NO_PEER_ACCESS_COST,
     COMPUTE_RUNTIME_26_05: "compute-runtime 26.05, the release before defer backing: the "
     "production route Intel's driver maintainer names (compute-runtime #953); an older "
     "driver, and a container needs its image rebuilt on it",

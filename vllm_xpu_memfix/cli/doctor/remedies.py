@@ -120,12 +120,7 @@ def _candidates(
             )
         )
     if inp.host_copy or peer_oom:
-        cost = "none at TP 1" if inp.tp == 1 else "no P2P: oneCCL falls back to host-staged "
-        cost += (
-            ""
-            if inp.tp == 1
-            else "collectives (community numbers: TP 2 on 2x B70 about 20 % slower)"
-        )
+        cost = "none at TP 1" if inp.tp == 1 else f"no P2P: {dfacts.NO_PEER_ACCESS_COST}"
         found.append(
             (codes.NO_PEER_ACCESS, _no_peer(measured), cost, replace(inp, peer_access_off=True))
         )

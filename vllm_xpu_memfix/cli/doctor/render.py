@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_xpu_memfix.cli.doctor import codes
 from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
 from vllm_xpu_memfix.core.units import GiB
 
@@ -79,6 +80,16 @@ def _outcome_lines(report: Report) -> list[str]:
     return lines
 
 
+def _main_cause(report: Report) -> str:
+    """What the verdict rests on: the failure that comes whatever the memory, else the
+    largest cause by its code (the older per-rank name where no cause was given)."""
+    if report.verdict == codes.WILL_FAIL:
+        return f"cause: {codes.XE_PEER_CONTEXT_OOM}"
+    if not report.causes:
+        return f"largest part: {report.main_cause}"
+    return f"largest part: {max(report.causes, key=lambda c: float(c['gib']))['code']}"
+
+
 def render(report: Report, args: ServeArgs) -> str:
     host, gpus = report.host, report.gpus
     limit = "none" if host["cgroup_max"] is None else gib(host["cgroup_max"])
@@ -116,7 +127,7 @@ def render(report: Report, args: ServeArgs) -> str:
         f"Per rank (TP {args.tensor_parallel_size}, "
         f"--gpu-memory-utilization {args.gpu_memory_utilization})",
         f"  device memory in use   {gib(per_rank['device_use'])}",
-        f"  host: driver mirror    {gib(per_rank['driver_mirror'])}",
+        f"  host: driver copy      {gib(per_rank['driver_mirror'])}",
         f"  host: quant. staging   {gib(per_rank['quantization_staging'])}",
         f"  host: process baseline {gib(per_rank['process_baseline'])}",
         "Host total",
@@ -124,8 +135,9 @@ def render(report: Report, args: ServeArgs) -> str:
         f"{gib(report.total['page_cache'])} (reclaimable), "
         f"against the {report.host['room_detail']}",
         *_outcome_lines(report),
-        f"Verdict: {report.verdict.upper()}{_where(report)} (largest part: {report.main_cause})",
-        *(f"  - {change}" for change in report.changes),
+        f"Verdict: {report.verdict.upper()}{_where(report)} ({_main_cause(report)})",
+        # The remedies above say the same with their outcome; the bare changes stand alone.
+        *(f"  - {change}" for change in ([] if report.remedies else report.changes)),
         *(f"  note: {note}" for note in report.notes),
     ]
     return "\n".join(lines)
