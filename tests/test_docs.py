@@ -121,3 +121,60 @@ def test_check_md_shows_every_patch_target_of_every_fix():
     targets = {(p.fix, p.target) for p in patches if not p.own_only}
     missing = sorted(t for t in targets if not re.search(rf"{t[0]} .* {re.escape(t[1])} ", shown))
     assert targets and missing == [], f"docs/check.md's output lacks: {missing}"
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    """The fenced blocks of ``language`` ("" for a bare fence), in order."""
+    blocks: list[str] = []
+    fence: str | None = None
+    body: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if fence is None and line.startswith("```"):
+            fence, body = line[3:].strip(), []
+        elif fence is not None and line.strip() == "```":
+            if fence == language:
+                blocks.append("".join(body))
+            fence = None
+        elif fence is not None:
+            body.append(line)
+    return blocks
+
+
+def test_the_readme_doctor_examples_run_and_print_what_the_readme_shows(tmp_path):
+    """Each doctor command of the README runs as written; the planned machine's file is the
+    README's TOML block, and every full line the README shows of its output is printed."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    (toml,) = _blocks(README, "toml")
+    (tmp_path / "2x-b70.toml").write_text(toml)
+    commands = [
+        line
+        for block in _blocks(README, "bash")
+        for line in block.splitlines()
+        if line.startswith("vllm-xpu-memfix doctor")
+    ]
+    shown = next(b for b in _blocks(README, "") if b.startswith("$ vllm-xpu-memfix doctor"))
+    commands.append(shown.splitlines()[0].removeprefix("$ "))
+    assert len(commands) == 3, commands
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_XPU_MEMFIX", "HF_"))}
+    env["HF_HUB_CACHE"] = str(tmp_path / "empty-hub")
+    outputs = {}
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        result = subprocess.run(
+            [sys.executable, "-m", "vllm_xpu_memfix.cli", *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        outputs[command] = result.stdout
+    printed = outputs[commands[-1]].splitlines()
+    for line in shown.splitlines()[1:]:
+        if "..." not in line:
+            assert line in printed, line
