@@ -97,7 +97,8 @@ def test_absent_keys_are_assumed_aloud():
         "available_gib not given: ram_gib less 3.2 GiB for the OS and other processes (5%, "
         "at least 2 GiB)",
         "swap_gib not given: no swap",
-        "kernel not given: compute-runtime #916 (kernels before 7.1) not ruled out",
+        "kernel not given: unknown (with a runtime in compute-runtime #916's range, #916 "
+        "is then not ruled out)",
         "[[gpu]] #1: count not given, 1 assumed",
     )
 

@@ -187,7 +187,10 @@ def _host(reader: _Reader, table: dict[str, Any], assumed: list[str]) -> dict[st
             )
         kernel = driver.kernel_from_release(text)
     else:
-        assumed.append("kernel not given: compute-runtime #916 (kernels before 7.1) not ruled out")
+        assumed.append(
+            "kernel not given: unknown (with a runtime in compute-runtime #916's range, #916 "
+            "is then not ruled out)"
+        )
     return {
         "ram": ram,
         "available": available,
