@@ -279,14 +279,16 @@ def test_a_described_machine_is_judged_without_the_plugin_unless_it_is_installed
     without = judged(tmp_path, text, *SERVE_703)
     assert without["verdict"] == "will run out of memory"
     assert without["fails_at"] == {"phase": "kv_cache", "where": "host"}
-    assert without["gpus"]["driver_guard"].startswith("does not apply: the plugin is not installed")
+    assert without["gpus"]["driver_guard"].startswith("sets nothing: the plugin is not installed")
     assert without["remedies"][0]["code"] == "driver_guard"
     assert without["remedies"][0]["what"].startswith("install vllm-xpu-memfix")
     assert without["not_modelled"] == ["--enforce-eager"]
     assert without["machine"].endswith("host.toml")
 
     with_plugin = judged(tmp_path, text + "[plugin]\ninstalled = true\n", *SERVE_703)
-    assert with_plugin["gpus"]["driver_guard"].startswith("applies")
+    assert with_plugin["gpus"]["driver_guard"].startswith(
+        "sets NEOReadDebugKeys=1 EnableDeferBacking=0"
+    )
     assert with_plugin["verdict"] == "fits" and with_plugin["fails_at"] is None
     assert with_plugin["remedies"] == []
     assert with_plugin["total"]["host_need"] == pytest.approx(

@@ -666,3 +666,28 @@ def test_check_shows_the_decision_the_guard_makes(tmp_path, capsys, clean_env, m
         "driver_env: sets NEOReadDebugKeys=1 EnableDeferBacking=0: 2 Battlemage GPUs visible"
     )
     assert "WARNING compute-runtime #916" in lines[0]
+
+
+@pytest.mark.parametrize("kernel", [KERNEL_6, "7.1.8-arch1-1"])
+def test_check_and_doctor_show_the_decision_the_guard_makes(
+    tmp_path, capsys, clean_env, monkeypatch, kernel
+):
+    """One host, three readers: driver_env.decide, `check` and `doctor` (text and JSON)
+    give the same line, #916's warning included on the older kernel."""
+    import json
+
+    from vllm_xpu_memfix.cli import main
+
+    root = build_host(tmp_path / "host", [B70, B70], kernel=kernel)
+    monkeypatch.setenv("VLLM_XPU_MEMFIX_SYSROOT", str(root))
+    for name in DRIVER_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    expected = driver_env.summary(driver_env.decide(config.load(), os.environ))
+    (tmp_path / "src/vllm").mkdir(parents=True)
+    assert main(["check", "--source", str(tmp_path / "src")]) == 0
+    assert f"driver_env: {expected}" in capsys.readouterr().out.splitlines()
+    assert main(["doctor", "--params", "8B"]) == 0
+    assert f"  driver guard {expected}" in capsys.readouterr().out.splitlines()
+    assert main(["doctor", "--params", "8B", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"]["driver_guard"] == expected
+    assert ("WARNING compute-runtime #916" in expected) is (kernel == KERNEL_6)

@@ -10,6 +10,7 @@ from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
 from vllm_xpu_memfix.cli.doctor.predict import Estimate
 from vllm_xpu_memfix.cli.doctor.render import SELF_CHECK
 from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import int4_self_check
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import Snapshot
@@ -62,7 +63,7 @@ def gpu_section(measured: Measurement) -> dict[str, Any]:
         "runtime_in_mirror_range": measured.runtime_affected,
         "kernel": (measured.kernel.release if measured.kernel else None) or "unknown",
         "level_zero_loader": measured.level_zero_loader or "not found",
-        "driver_guard": f"{'applies' if guard.apply else 'does not apply'}: {guard.reason}",
+        "driver_guard": driver_env.summary(guard),
     }
 
 
