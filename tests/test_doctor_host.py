@@ -395,3 +395,35 @@ def test_a_model_path_on_another_machine_is_sized_from_params():
     assert model["model"] == "/llm/models/Qwen3-8B (not on this machine)"
     assert model["checkpoint_bytes"] == 16 * 10**9
     refused(doctor("--", "vllm", "serve", "/llm/models/Qwen3-8B"))  # without --params: refused
+
+
+def test_without_the_standard_tomllib_the_host_file_is_read_with_tomli(tmp_path):
+    """Python 3.10 has no tomllib; the package then reads host files with tomli. Run here
+    with tomllib hidden, doctor gives the same answer, bad TOML included."""
+    pytest.importorskip("tomli")
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['tomllib'] = None  # as on Python 3.10\n"
+    )
+    path = host_file(tmp_path, B70_HOST)
+    with_tomllib = doctor("--host", path, "--params", "27B", "--json")
+    with_tomli = doctor("--host", path, "--params", "27B", "--json", PYTHONPATH=str(hide))
+    assert with_tomli.returncode == 0, with_tomli.stderr
+    assert json.loads(with_tomli.stdout)["phases"] == json.loads(with_tomllib.stdout)["phases"]
+    probe = doctor("--host", host_file(tmp_path, "[host\n", "bad.toml"), PYTHONPATH=str(hide))
+    assert refused(probe).endswith(
+        "bad.toml: is not TOML (Expected ']' at the end of a table declaration (at line 1, "
+        "column 6))"
+    )
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from vllm_xpu_memfix.cli.doctor import hostfile as h; print(h.tomllib.__name__)",
+        ],
+        env={**os.environ, "PYTHONPATH": str(hide)},
+        capture_output=True,
+        text=True,
+    )
+    assert check.stdout.strip() == "tomli", check.stderr

@@ -9,7 +9,6 @@ naming the key and what is accepted. docs/doctor.md documents the keys.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from vllm_xpu_memfix.core.numbers import Bounds, shown
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import driver
 
-if sys.version_info >= (3, 11):
+try:
     import tomllib
-else:  # pragma: no cover - Python 3.10
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
 
 
