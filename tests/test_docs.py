@@ -59,7 +59,8 @@ def test_the_readme_has_one_row_per_fix_with_its_switch_values_and_default():
     assert list(rows) == [fix.key for fix in config.FIXES]
     for fix in config.FIXES:
         variable = config.SWITCHES[fix.key]
-        switch, values, default = rows[fix.key]
+        switch, values, default, effect = rows[fix.key]
+        assert effect, fix.key
         assert switch == f"`{variable.name}`"
         assert values == ", ".join(f"`{choice}`" for choice in variable.choices), fix.key
         assert default == f"`{variable.default}`", fix.key
