@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +41,6 @@ from vllm_xpu_memfix.cli.doctor import (
     serveline,
 )
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 
 DEFAULT_TP = 1
@@ -73,12 +71,6 @@ def report_for(measured: facts.Measurement, args: facts.ServeArgs) -> render.Rep
         assumed=sections.assumed_section(measured, args, outcome),
         not_modelled=list(args.not_modelled),
     )
-
-
-def diagnose(
-    settings: Settings, args: facts.ServeArgs, environ: Mapping[str, str]
-) -> render.Report:
-    return report_for(facts.measure(settings, args, environ), args)
 
 
 def _serve_args(args: argparse.Namespace) -> facts.ServeArgs:
