@@ -108,13 +108,13 @@ class Inputs:
     def xe_peer_oom(self) -> bool | None:
         """compute-runtime #916 will strike (True), cannot (False), or the kernel or the
         runtime is unknown (None)."""
-        if self.gpus_in_context < 2 or self.peer_access_off:
-            return False
-        if self.runtime is not None and not self.runtime.in_xe_peer_oom_range:
-            return False
-        if self.kernel is not None and dfacts.kernel_has_xe_fix(self.kernel):
-            return False
-        return None if self.runtime is None or self.kernel is None else True
+        oom = driver.xe_peer_oom(
+            self.gpus_in_context,
+            self.runtime,
+            driver.Kernel(None, self.kernel),
+            self.peer_access_off,
+        )
+        return False if oom is None else (True if oom.certain else None)
 
     @property
     def reserve(self) -> float:
