@@ -295,3 +295,22 @@ def test_docs_give_every_image_row_with_its_load_layouts_and_runtime():
         assert load.startswith("legacy" if image.load == "legacy" else "per layer"), image.tag
         assert layouts.startswith("2" if image.duplicate_layout else "1"), image.tag
         assert runtime.startswith(image.compute_runtime or "unknown"), image.tag
+
+
+def test_the_plugins_no_peer_access_counts_as_what_it_sets(tmp_path, qwen):
+    """With the plugin installed and VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access, doctor
+    judges the environment the guard leaves (ForceZe...=0, not EnableDeferBacking=0):
+    neither #916 nor the host copy."""
+    host = machine(
+        tmp_path,
+        "Arc Pro B70",
+        2,
+        kernel="6.14.0-37-generic",
+        runtime="26.14.37833.4",
+        env={"VLLM_XPU_MEMFIX_DRIVER_ENV": "no_peer_access"},
+        plugin=True,
+    )
+    report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
+    assert report["verdict"] != codes.WILL_FAIL
+    assert not [c for c in report["causes"] if c["code"] == codes.XE_PEER_CONTEXT_OOM]
+    assert not [c for c in report["causes"] if c["code"] == codes.DRIVER_HOST_COPY]

@@ -213,8 +213,7 @@ def _kv_headroom_on(measured: Measurement) -> bool:
 def effective_env(measured: Measurement) -> dict[str, str]:
     """The serving processes' environment, with what the driver guard sets."""
     env = dict(measured.environ)
-    if measured.guard.apply:
-        env.update(driver_env.GUARD_ENV)
+    driver_env.apply(measured.guard, env)
     return env
 
 
