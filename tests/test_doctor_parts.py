@@ -10,7 +10,7 @@ from hosts import B70, build_host
 
 from vllm_xpu_memfix.cli.doctor import advice, facts, model, predict, remedies, render
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.fixes.driver_env import Decision
+from vllm_xpu_memfix.fixes.driver_env import GUARD_ENV, Decision
 from vllm_xpu_memfix.intel.driver import Gpu, kernel_from_release
 from vllm_xpu_memfix.memory.checkpoint import checkpoint_from_params
 from vllm_xpu_memfix.memory.room import Room
@@ -29,7 +29,11 @@ def four_b70(room_gib: float = 64, guard_applies: bool = False) -> facts.Measure
         visible=gpus,
         runtime=None,
         level_zero_loader=None,
-        guard=Decision(apply=guard_applies, reason="hand-built"),
+        guard=Decision(
+            apply=guard_applies,
+            reason="hand-built",
+            env=dict(GUARD_ENV) if guard_applies else {},  # what an applying guard sets
+        ),
         device_bytes=32 * GiB,
         device_source="hand-built",
         ckpt=None,
