@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -149,12 +149,33 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class _Host:
+class Host:
+    """What the guard needs to know of a machine: its visible GPUs, runtime and kernel
+    (read only where 2+ GPUs could share a context), and where the GPUs were looked for."""
+
     intel: int
     battlemage: int
     runtime: driver.Runtime | None
     kernel: driver.Kernel | None
     drm: str
+
+    @classmethod
+    def of(
+        cls,
+        visible: Sequence[driver.Gpu],
+        runtime: Callable[[], driver.Runtime | None],
+        kernel: Callable[[], driver.Kernel | None],
+        drm: str,
+    ) -> Host:
+        # dpkg's status file costs ~10 ms: only a host with a peer to share with pays it.
+        several = len(visible) >= 2
+        return cls(
+            len(visible),
+            sum(gpu.is_battlemage for gpu in visible),
+            runtime() if several else None,
+            kernel() if several else None,
+            drm,
+        )
 
 
 def _shown(env: Mapping[str, str]) -> str:
@@ -164,23 +185,20 @@ def _shown(env: Mapping[str, str]) -> str:
     )
 
 
-def _read_host(settings: Settings, environ: Mapping[str, str]) -> _Host:
+def read_host(settings: Settings, environ: Mapping[str, str]) -> Host:
+    """This machine as the guard sees it, from files under the sysroot."""
     from vllm_xpu_memfix.intel import driver
 
-    gpus = driver.visible_gpus(driver.intel_gpus(settings.sysroot), environ)
-    battlemage = sum(gpu.is_battlemage for gpu in gpus)
-    # dpkg's status file costs ~10 ms: only a host with a peer to share with pays it.
-    several = len(gpus) >= 2
-    return _Host(
-        len(gpus),
-        battlemage,
-        driver.compute_runtime(settings.sysroot) if several else None,
-        driver.kernel(settings.sysroot) if several else None,
-        str(settings.sysroot / "sys/class/drm"),
+    root = settings.sysroot
+    return Host.of(
+        driver.visible_gpus(driver.intel_gpus(root), environ),
+        lambda: driver.compute_runtime(root),
+        lambda: driver.kernel(root),
+        str(root / "sys/class/drm"),
     )
 
 
-def _no_copy(host: _Host, keys: facts.DebugKeys) -> str | None:
+def _no_copy(host: Host, keys: facts.DebugKeys) -> str | None:
     """Why there is no host copy to guard against, or None where there may be one."""
     if host.intel == 0:
         return f"no Intel GPU visible under {host.drm}; the host copy needs 2 or more Battlemage"
@@ -211,7 +229,7 @@ def _no_copy(host: _Host, keys: facts.DebugKeys) -> str | None:
     return None
 
 
-def _copy_expected(host: _Host) -> str:
+def _copy_expected(host: Host) -> str:
     others = host.intel - host.battlemage
     beside = f" (and {others} other Intel GPU(s))" if others else ""
     version = host.runtime.version if host.runtime else "unknown (taken as affected)"
@@ -239,7 +257,7 @@ def _keys_to_set(
 
 
 def _choose(
-    mode: Mode, host: _Host, keys: facts.DebugKeys, environ: Mapping[str, str]
+    mode: Mode, host: Host, keys: facts.DebugKeys, environ: Mapping[str, str]
 ) -> tuple[dict[str, str], str, bool]:
     """What to set, why, and whether the driver would pin the copy without it."""
     no_copy = _no_copy(host, keys)
@@ -257,6 +275,14 @@ def _choose(
 
 def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
     """What the guard sets in ``environ`` and why; reads files only, changes nothing."""
+    return decide_for(settings, environ, lambda: read_host(settings, environ))
+
+
+def decide_for(
+    settings: Settings, environ: Mapping[str, str], host_of: Callable[[], Host]
+) -> Decision:
+    """:func:`decide` on a machine given as a :class:`Host` (``doctor --host``: a described
+    one); ``host_of`` is asked only where the switch lets the guard look."""
     from vllm_xpu_memfix.intel import driver
 
     keys = facts.debug_keys(environ)
@@ -264,7 +290,7 @@ def decide(settings: Settings, environ: Mapping[str, str]) -> Decision:
     mode = settings.mode(FIX)
     if mode is Mode.OFF or not settings.enabled:
         return Decision(False, f"{FIX.env}=off", user_set=user_set)
-    host = _read_host(settings, environ)
+    host = host_of()
     env, reason, copy_without = _choose(mode, host, keys, environ)
     peer_access_off = facts.debug_keys({**environ, **env}).peer_access_off
     kernel_problem = (host.kernel.problem,) if host.kernel and host.kernel.problem else ()

@@ -5,16 +5,13 @@
 doctor cannot tell them apart. :func:`write_host` writes this host's file so that
 ``--host`` on it gives the same verdict and figures as plain ``doctor``.
 
-"Would the driver guard act" is asked of ``driver_env.decide`` itself: it reads sysfs,
-dpkg and the kernel release under a sysroot, so a throw-away tree holding the described
-GPUs, runtime and kernel stands in for the machine while it decides.
+"Would the driver guard act" is asked of the guard itself (``driver_env.decide_for``),
+with the described GPUs, runtime and kernel in place of what it reads on a real host.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 
 from vllm_xpu_memfix.cli.doctor import facts, hostfile
 from vllm_xpu_memfix.core import config
@@ -40,44 +37,18 @@ def _gpus(described: hostfile.Described) -> list[driver.Gpu]:
     return gpus
 
 
-def _sysroot(root: Path, described: hostfile.Described, gpus: list[driver.Gpu]) -> None:
-    """The files ``driver_env.decide`` reads, as the kernel and dpkg write them."""
-    for gpu in gpus:
-        device = root / "sys/class/drm" / gpu.card / "device"
-        (device / "tile0").mkdir(parents=True)
-        (device / "vendor").write_text(f"0x{driver.INTEL_VENDOR:04x}\n")
-        (device / "device").write_text(f"0x{gpu.device_id:04x}\n")
-        (device / "uevent").write_text(f"DRIVER=xe\nPCI_SLOT_NAME={gpu.pci_slot}\n")
-        (device / "tile0/physical_vram_size_bytes").write_text(f"{gpu.vram_bytes}\n")
-    runtime = described.runtime
-    if runtime is not None and runtime.release is not None:
-        dpkg = root / "var/lib/dpkg"
-        dpkg.mkdir(parents=True)
-        (dpkg / "status").write_text(
-            f"Package: intel-opencl-icd\nStatus: install ok installed\nVersion: {runtime.version}\n"
-        )
-    elif runtime is not None:
-        lib = root / driver.LIBRARY_DIRS[0]
-        lib.mkdir(parents=True)
-        (lib / f"libze_intel_gpu.so.1.0.{runtime.build}").write_text("")
-    if described.kernel is not None and described.kernel.release:
-        kernel = root / "proc/sys/kernel"
-        kernel.mkdir(parents=True)
-        (kernel / "osrelease").write_text(described.kernel.release + "\n")
-
-
-def _guard(
-    described: hostfile.Described, settings: config.Settings, gpus: list[driver.Gpu]
-) -> tuple[driver_env.Decision, config.Settings]:
+def _guard(described: hostfile.Described, visible: list[driver.Gpu]) -> driver_env.Decision:
     env = described.env
     if not described.plugin:
         user_set = {k: env[k] for k in driver_env.GUARD_ENV if k in env}
-        return driver_env.Decision(False, NOT_INSTALLED, user_set=user_set), settings
-    with tempfile.TemporaryDirectory(prefix="doctor-host-") as tmp:
-        _sysroot(Path(tmp), described, gpus)
-        rooted = config.load({**env, f"{_PREFIX}_SYSROOT": tmp})
-        decision = driver_env.decide(rooted, env)
-    return decision, settings
+        return driver_env.Decision(False, NOT_INSTALLED, user_set=user_set)
+    host = driver_env.Host.of(
+        visible,
+        lambda: described.runtime,
+        lambda: described.kernel,
+        f"{described.path} ([[gpu]])",
+    )
+    return driver_env.decide_for(config.load(env), env, lambda: host)
 
 
 def _legacy(described: hostfile.Described) -> tuple[bool, str]:
@@ -101,7 +72,7 @@ def measurement(described: hostfile.Described, args: facts.ServeArgs) -> facts.M
     settings = config.load(env if described.plugin else {_PREFIX: "0"})
     gpus = _gpus(described)
     visible = driver.visible_gpus(gpus, env)
-    guard, settings = _guard(described, settings, gpus)
+    guard = _guard(described, visible)
     used = visible[: args.tensor_parallel_size] or gpus
     device = min((g.vram_bytes for g in used if g.vram_bytes), default=None)
     if args.device_memory_gib is not None:
