@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_xpu_memfix.core.files import what_is
 from vllm_xpu_memfix.core.process import instance_key, start_time
 
 POLL_S = 0.05
@@ -76,30 +77,9 @@ def scoped_name(name: str, scope: str) -> str:
     return name if scope == "host" else f"{name}-{instance_key()}"
 
 
-def _what_is(path: Path) -> str:
-    """What stands at ``path`` instead of a regular file, for a refusal message."""
-    try:
-        info = path.lstat()
-    except OSError as exc:
-        return f"unreadable ({exc.strerror})"
-    if stat.S_ISLNK(info.st_mode):
-        try:
-            return f"a symlink (to {os.readlink(path)})"
-        except OSError:
-            return "a symlink"
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(info.st_mode)), "not a regular file")
-
-
 def _refused(path: Path) -> LockDirError:
     return LockDirError(
-        f"{path} is {_what_is(path)}, not a regular file; refusing to use it "
+        f"{path} is {what_is(path)}, not a regular file; refusing to use it "
         "(remove it to let the lock work again)"
     )
 

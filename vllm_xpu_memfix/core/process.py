@@ -9,6 +9,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from vllm_xpu_memfix.core import files
+
 _WORKER = re.compile(r"VllmWorker-(\d+)")
 # vLLM 0.32's RayExecutorV2 names each worker actor
 # vllm_Worker_<instance id>[_TP<i>][_PP<j>][_PCP<k>] (v1/executor/ray_utils.py,
@@ -136,10 +138,10 @@ def start_time(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot), or None where it is gone:
     with the pid, it names a process even after the pid is reused."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            # Field 22, starttime; the fields after the command name, which may hold spaces.
-            return f.read().rpartition(b")")[2].split()[19].decode()
-    except (OSError, IndexError):
+        stat = files.read_bytes(f"/proc/{pid}/stat", files.ATTRIBUTE_CAP)
+        # Field 22, starttime; the fields after the command name, which may hold spaces.
+        return stat.rpartition(b")")[2].split()[19].decode("ascii")
+    except (OSError, IndexError, UnicodeDecodeError):
         return None
 
 
@@ -156,8 +158,7 @@ def environ_at_start() -> dict[str, str] | None:
     Later ``os.environ`` changes do not show there; ``None`` where it cannot be read.
     """
     try:
-        with open("/proc/self/environ", "rb") as f:
-            raw = f.read()
+        raw = files.read_bytes("/proc/self/environ", files.LIST_CAP)
     except OSError:
         return None
     pairs = (item.decode(errors="surrogateescape").partition("=") for item in raw.split(b"\0"))

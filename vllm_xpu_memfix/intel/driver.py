@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_xpu_memfix.core import files
+from vllm_xpu_memfix.core.numbers import shown
 from vllm_xpu_memfix.intel import driver_facts as facts
 
 INTEL_VENDOR = 0x8086
@@ -39,8 +41,13 @@ LIBRARY_DIRS = (
     "usr/local/lib",
     "opt/intel/oneapi/redist/lib",
 )
-_OLD_PACKAGE_VERSION = re.compile(r"1\.\d+\.(\d+)")
-_LIB = re.compile(r"libze_intel_gpu\.so\.1\.(\d+)\.(\d+)")
+# The older level-zero-gpu package: 1.x.BUILD[.hotfix][-revision].
+_OLD_PACKAGE_VERSION = re.compile(
+    r"1\.[0-9]{1,3}\.([0-9]{1,9})(?:\.[0-9]{1,9})?(?:[-+~][0-9A-Za-z.+~-]{0,64})?", re.ASCII
+)
+# A runtime known only by the build in its driver file's name (libze_intel_gpu.so.1.14.37435).
+_BUILD_ONLY = re.compile(r"build ([0-9]{1,9})", re.ASCII)
+_LIB = re.compile(r"libze_intel_gpu\.so\.1\.([0-9]{1,4})\.([0-9]{1,9})", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -98,22 +105,55 @@ class Runtime:
 
 
 def runtime_from_version(text: str, source: str) -> Runtime | None:
-    """A runtime from its version as written (``26.14.37833.4``, ``26.14``); None if not one."""
+    """A runtime from its version as written, the one rule for every reader: a release as
+    tagged (``26.14.37833.4``, ``26.14``, with dpkg's revision ``-1~24.04``), the older
+    package's ``1.x.BUILD``, or ``build N`` (known by the driver file's build only). None
+    for anything else, a build of 0 included: it could not be placed against a release."""
+    text = text.strip()
     release = facts.parse_release(text)
-    if release is None:
+    if release is not None:
+        return Runtime(text, release.build, source, (release.year, release.week))
+    build = _OLD_PACKAGE_VERSION.fullmatch(text) or _BUILD_ONLY.fullmatch(text)
+    if build is None or int(build.group(1)) == 0:
         return None
-    return Runtime(text.strip(), release.build, source, (release.year, release.week))
+    return Runtime(text, int(build.group(1)), source)
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+def _read(path: Path, cap: int = files.ATTRIBUTE_CAP) -> str | None:
+    return files.host_text(path, cap)
+
+
+_HEX_ID = re.compile(r"(?:0x)?([0-9a-fA-F]{1,4})", re.ASCII)
+_BYTES = re.compile(r"[0-9]{1,20}", re.ASCII)
+
+
+def _pci_id(path: Path) -> int | None:
+    """A PCI vendor or device id as the PCI core prints it (``0x8086``); None where the
+    file is absent or holds something else (said in one DEBUG line)."""
+    text = _read(path)
+    if text is None:
         return None
+    match = _HEX_ID.fullmatch(text)
+    if match is None:
+        files.junk(path, text, "a PCI id such as 0x8086")
+        return None
+    return int(match.group(1), 16)
+
+
+def _vram_bytes(path: Path) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    if not _BYTES.fullmatch(text) or int(text) == 0:
+        files.junk(path, text, "a byte count")
+        return None
+    return int(text)
 
 
 def intel_gpus(sysroot: Path) -> list[Gpu]:
-    """Intel display/compute devices under ``/sys/class/drm/card*``, in PCI order."""
+    """Intel display/compute devices under ``/sys/class/drm/card*``, in PCI order. A card
+    whose vendor or device file is missing or unreadable is skipped; an unreadable VRAM
+    size is unknown."""
     gpus = []
     drm = sysroot / "sys/class/drm"
     try:
@@ -121,12 +161,13 @@ def intel_gpus(sysroot: Path) -> list[Gpu]:
     except OSError:
         return []
     for card in cards:
-        vendor, device = _read(card / "device/vendor"), _read(card / "device/device")
-        if vendor is None or device is None or int(vendor, 16) != INTEL_VENDOR:
+        vendor = _pci_id(card / "device/vendor")
+        device = _pci_id(card / "device/device") if vendor == INTEL_VENDOR else None
+        if device is None:
             continue
         slot = (_read(card / "device/uevent") or "").partition("PCI_SLOT_NAME=")[2].split("\n")[0]
-        vram = _read(card / "device/tile0/physical_vram_size_bytes")
-        gpus.append(Gpu(card.name, int(device, 16), slot or card.name, int(vram) if vram else None))
+        vram = _vram_bytes(card / "device/tile0/physical_vram_size_bytes")
+        gpus.append(Gpu(card.name, device, slot.strip() or card.name, vram))
     return sorted(gpus, key=lambda g: g.pci_slot)
 
 
@@ -166,7 +207,7 @@ def visible_gpus(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
 
 
 def _dpkg_versions(sysroot: Path) -> dict[str, str]:
-    text = _read(sysroot / "var/lib/dpkg/status") or ""
+    text = _read(sysroot / "var/lib/dpkg/status", files.LIST_CAP) or ""
     versions = {}
     for stanza in text.split("\n\n"):
         fields = dict(
@@ -178,17 +219,19 @@ def _dpkg_versions(sysroot: Path) -> dict[str, str]:
 
 
 def compute_runtime(sysroot: Path) -> Runtime | None:
-    """The installed compute-runtime, from dpkg's status or the Level Zero driver's file name."""
+    """The installed compute-runtime, from dpkg's status or the Level Zero driver's file
+    name. A version that is not one (:func:`runtime_from_version`), or a year.week without
+    its build, is passed over with one DEBUG line."""
     installed = _dpkg_versions(sysroot)
+    status = sysroot / "var/lib/dpkg/status"
     for package in RUNTIME_PACKAGES:
-        version, source = installed.get(package, ""), f"dpkg: {package}"
+        if package not in installed:
+            continue
+        version, source = installed[package], f"dpkg: {package}"
         runtime = runtime_from_version(version, source)
         if runtime is not None and runtime.build:
             return runtime
-        # The older level-zero-gpu package is versioned 1.x.BUILD.
-        old = _OLD_PACKAGE_VERSION.match(version)
-        if old:
-            return Runtime(version, int(old.group(1)), source)
+        files.junk(status, version, f"a {package} version with its build")
     for directory in LIBRARY_DIRS:
         try:
             names = sorted(p.name for p in (sysroot / directory).iterdir())
@@ -196,8 +239,11 @@ def compute_runtime(sysroot: Path) -> Runtime | None:
             continue
         for name in names:
             lib = _LIB.fullmatch(name)
-            if lib:
-                return Runtime(f"build {lib.group(2)}", int(lib.group(2)), f"{directory}/{name}")
+            if lib is None:
+                continue
+            runtime = runtime_from_version(f"build {lib.group(2)}", f"{directory}/{name}")
+            if runtime is not None:
+                return runtime
     return None
 
 
@@ -225,12 +271,13 @@ def kernel(sysroot: Path) -> Kernel:
 
 
 def kernel_from_release(text: str) -> Kernel:
-    # Shown in one-line messages: a release with control characters is shown escaped.
-    shown = text if text.isprintable() else ascii(text)
+    """A kernel from its release as uname -r prints it; one that is not a release keeps its
+    text (quoted and cut, for one-line messages) and ``problem`` says so."""
+    text = text.strip()
     version = facts.parse_kernel(text)
     if version is None:
-        return Kernel(shown, None, f"kernel release {text!r} is not major.minor[...]")
-    return Kernel(shown, version)
+        return Kernel(shown(text), None, f"kernel release {shown(text)} is not major.minor[...]")
+    return Kernel(text, version)
 
 
 @dataclass(frozen=True)
@@ -288,9 +335,8 @@ def loaded_driver_libraries(maps: Path = Path("/proc/self/maps")) -> list[str]:
     ``EnableDeferBacking``) once, when Level Zero starts it; once it is mapped, a
     variable set now comes too late for this process.
     """
-    try:
-        text = maps.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    text = files.host_text(maps, files.LIST_CAP)
+    if text is None:
         return []
     found: list[str] = []
     for line in text.splitlines():

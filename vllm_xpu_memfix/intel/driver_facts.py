@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vllm_xpu_memfix.core.numbers import shown
+
 
 @dataclass(frozen=True, order=True)
 class Release:
@@ -180,9 +182,18 @@ INTERIM = (
 
 # --- reading what was given ------------------------------------------------------------
 
-_KEY_VALUE = re.compile(r"-?\d+")
-_RELEASE = re.compile(r"(\d{2})\.(\d{1,2})(?:\.(\d+))?")
-_KERNEL = re.compile(r"(\d+)\.(\d+)")
+# What compute-runtime reads as a number (bounded: a longer run of digits is no key value).
+_KEY_VALUE = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+# A release as tagged (year.week.build.hotfix), or as packaged: dpkg adds a revision after
+# -, + or ~ (26.14.37833.4-1~24.04).
+_RELEASE = re.compile(
+    r"([0-9]{2})\.([0-9]{1,2})(?:\.([0-9]{1,9})(?:\.[0-9]{1,9})?)?(?:[-+~][0-9A-Za-z.+~-]{0,64})?",
+    re.ASCII,
+)
+# A kernel release as uname -r prints it (at most 64 characters: the kernel's
+# __NEW_UTS_LEN): major.minor, then any patch level and local version.
+_KERNEL = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})(?:[.+~-][0-9A-Za-z.+~_-]*)?", re.ASCII)
+KERNEL_RELEASE_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -220,7 +231,7 @@ def debug_keys(environ: Mapping[str, str]) -> DebugKeys:
             values[name] = int(raw.strip())
         else:
             values[name] = None
-            problems.append(f"{name}={raw!r} (accepted: an integer such as -1, 0 or 1)")
+            problems.append(f"{name}={shown(raw)} (accepted: an integer such as -1, 0 or 1)")
     read = values[READ_DEBUG_KEYS] == 1
     return DebugKeys(
         read=read,
@@ -232,11 +243,15 @@ def debug_keys(environ: Mapping[str, str]) -> DebugKeys:
 
 
 def parse_release(text: str) -> Release | None:
-    """``26.14.37833.4``, ``26.14.37833`` or ``26.14`` (build then unknown: 0)."""
-    match = _RELEASE.match(text.strip())
+    """``26.14.37833.4``, ``26.14.37833``, ``26.14`` (build then unknown: 0), each perhaps
+    with dpkg's revision (``-1~24.04``); None for anything else, a week outside 1 to 53 or
+    a build of 0 included."""
+    match = _RELEASE.fullmatch(text.strip())
     if not match:
         return None
     year, week, build = match.groups()
+    if not 1 <= int(week) <= 53 or (build is not None and int(build) == 0):
+        return None
     return Release(int(year), int(week), int(build or 0), text.strip())
 
 
@@ -250,9 +265,12 @@ def at_least(build: int | None, release_name: tuple[int, int] | None, ref: Relea
 
 
 def parse_kernel(text: str) -> tuple[int, int] | None:
-    """(major, minor) of a kernel release string such as ``6.14.0-37-generic``."""
-    match = _KERNEL.match(text.strip())
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    """(major, minor) of a kernel release such as ``6.14.0-37-generic``; None for text that
+    is not one."""
+    match = _KERNEL.fullmatch(text.strip())
+    if not match or len(text.strip()) > KERNEL_RELEASE_MAX:
+        return None
+    return int(match.group(1)), int(match.group(2))
 
 
 def kernel_has_xe_fix(kernel: tuple[int, int]) -> bool:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_xpu_memfix.core import files
+
 GLIBC, TCMALLOC, JEMALLOC = "glibc", "tcmalloc", "jemalloc"
 # jemalloc's MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena.
 _JEMALLOC_PURGE_ALL = b"arena.4096.purge"
@@ -32,7 +34,7 @@ def detect(maps_text: str) -> str:
 
 def current() -> str:
     try:
-        return detect(Path("/proc/self/maps").read_text())
+        return detect(files.read_text("/proc/self/maps", files.LIST_CAP))
     except OSError:
         return GLIBC
 

@@ -29,27 +29,36 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.numbers import shown
 
 _UNITS = {"": 1, "b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gib": 1024**3}
 # cgroup v1 reports "no limit" as a page-aligned LONG_MAX.
 _V1_UNLIMITED = 1 << 62
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_DIGITS = re.compile(r"[0-9]{1,20}", re.ASCII)
+
+
+def _count(text: str) -> int | None:
+    """A plain count of up to 20 ASCII digits (``2**64`` has 20); None for anything else."""
+    return int(text) if _DIGITS.fullmatch(text) else None
 
 
 def parse_size(text: str) -> int | None:
     """``"1234 kB"`` -> 1263616; ``"12 MiB"``; a bare number is bytes. ``None`` if unparsable."""
     parts = text.split()
-    if not parts or not parts[0].isdigit():
+    count = _count(parts[0]) if parts else None
+    if count is None:
         return None
     unit = parts[1].lower() if len(parts) > 1 else ""
     factor = _UNITS.get(unit)
-    return None if factor is None else int(parts[0]) * factor
+    return None if factor is None else count * factor
 
 
 def parse_key_sizes(text: str) -> dict[str, int]:
@@ -69,8 +78,9 @@ def parse_vmstat(text: str) -> dict[str, int]:
     values: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            values[parts[0]] = int(parts[1])
+        count = _count(parts[1]) if len(parts) == 2 else None
+        if count is not None:
+            values[parts[0]] = count
     return values
 
 
@@ -288,8 +298,10 @@ class ProcReader:
         self.root = Path(root)
 
     def read_text(self, path: Path) -> str:
-        """Every file is read here; raises ``OSError`` as the kernel answers."""
-        return path.read_text(encoding="utf-8", errors="replace")
+        """Every file is read here, by the one rule for files the plugin did not write
+        (``core.files``: regular files only, at most ``LIST_CAP``); raises ``OSError`` as
+        the kernel answers, or for a file that breaks the rule."""
+        return files.read_text(path, files.LIST_CAP)
 
     def list_dir(self, path: Path) -> list[Path]:
         return [Path(entry.path) for entry in os.scandir(path)]
@@ -354,17 +366,19 @@ class ProcReader:
             limit_text = self.read_text(limit_path).strip()
         except OSError as exc:
             return CgroupMemory(problem=f"{limit_path}: {exc.strerror or exc}")
-        used = usage_text.strip()
-        if not used.isdigit():
-            return CgroupMemory(problem=f"{usage_path} holds {shown(used)}, not a byte count")
-        if limit_text == "max":
-            return CgroupMemory(int(used), None)
-        if not limit_text.isdigit():
+        used = _count(usage_text.strip())
+        if used is None:
             return CgroupMemory(
-                int(used), problem=f"{limit_path} holds {shown(limit_text)}, not a byte count"
+                problem=f"{usage_path} holds {shown(usage_text.strip())}, not a byte count"
             )
-        bound = int(limit_text)
-        return CgroupMemory(int(used), None if bound >= _V1_UNLIMITED else bound)
+        if limit_text == "max":
+            return CgroupMemory(used, None)
+        bound = _count(limit_text)
+        if bound is None:
+            return CgroupMemory(
+                used, problem=f"{limit_path} holds {shown(limit_text)}, not a byte count"
+            )
+        return CgroupMemory(used, None if bound >= _V1_UNLIMITED else bound)
 
     def drm_usage(self, pid: str) -> DrmUsage | None:
         return self._drm_usage(ProcessFiles(self, pid))

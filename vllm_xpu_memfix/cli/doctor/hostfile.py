@@ -52,9 +52,6 @@ TABLES: dict[str, tuple[str, ...] | None] = {
     "env": None,  # any variable name
     "plugin": ("installed",),
 }
-_RUNTIME = re.compile(r"(\d{2})\.(\d{1,2})(?:\.(\d+))?(?:\.(\d+))?(?:[-+~][0-9A-Za-z.~+-]*)?")
-_BUILD = re.compile(r"build (\d+)")
-_KERNEL = re.compile(r"\d+\.\d+(?:[.+~-][0-9A-Za-z.+~_-]*)?")
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -179,12 +176,12 @@ def _host(reader: _Reader, table: dict[str, Any], assumed: list[str]) -> dict[st
     kernel = None
     if "kernel" in table:
         text = reader.text("[host] kernel", table["kernel"])
-        if not _KERNEL.fullmatch(text):
+        kernel = driver.kernel_from_release(text)
+        if kernel.version is None:
             raise reader.error(
                 "[host] kernel",
                 f"{shown(text)} is not a kernel release; accepted: e.g. 6.14.0-37-generic",
             )
-        kernel = driver.kernel_from_release(text)
     else:
         assumed.append(
             "kernel not given: unknown (with a runtime in compute-runtime #916's range, #916 "
@@ -249,12 +246,8 @@ def _runtime(reader: _Reader, table: dict[str, Any]) -> driver.Runtime | None:
     if "compute_runtime" not in table:
         return None
     text = reader.text("[driver] compute_runtime", table["compute_runtime"])
-    build = _BUILD.fullmatch(text)
-    if build:
-        return driver.Runtime(text, int(build.group(1)), "host file [driver]")
-    match = _RUNTIME.fullmatch(text)
-    runtime = driver.runtime_from_version(text, "host file [driver]") if match else None
-    if runtime is None or not 1 <= int(match.group(2)) <= 53:  # type: ignore[union-attr]
+    runtime = driver.runtime_from_version(text, "host file [driver]")
+    if runtime is None:
         raise reader.error(
             "[driver] compute_runtime",
             f"{shown(text)} is not a compute-runtime version; accepted: year.week[.build"

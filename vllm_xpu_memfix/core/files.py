@@ -1,0 +1,161 @@
+"""Reading files this process did not write, so that none can stop, hang or flood it.
+
+One rule for every such read, the plugin's and the commands': a file is opened without
+blocking (``O_NONBLOCK``: a FIFO cannot stall the open), must then be a regular file
+(``fstat``: a FIFO, a device, a socket or a directory is refused), and is read up to a
+cap, never further. The kernel's own files pass (sysfs and ``/proc`` attributes are
+regular files); ``/dev/zero``, a FIFO planted in a recorded tree or a status file that
+never ends do not.
+
+- :func:`read_bytes` and :func:`read_text` raise ``OSError`` (:class:`NotRegular`,
+  :class:`TooLarge`, or the kernel's own): for readers that tell the errors apart.
+- :func:`host_text` never raises: the plugin's host reads (sysfs, dpkg's status,
+  ``/proc``), where a file that cannot be read is a value that is unknown.
+- :func:`input_problem` says in a few words why a file given on a command line cannot be
+  read as one (``doctor --host``, ``plot``'s CSV), before anything opens it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from vllm_xpu_memfix.core.log import get_logger
+
+KiB, MiB = 1024, 1024**2
+# One sysfs or /proc attribute (the kernel prints at most a page of 4 KiB).
+ATTRIBUTE_CAP = 64 * KiB
+# A list the kernel or dpkg keeps: dpkg's status (a few MiB on a full desktop),
+# /proc/self/maps, /proc/self/environ.
+LIST_CAP = 64 * MiB
+
+# A log record's most (the project's rule for every line the plugin logs).
+_LOG_LIMIT = 320
+
+
+class NotRegular(OSError):
+    """The path is a FIFO, a device, a socket or a directory, not a regular file."""
+
+
+class TooLarge(OSError):
+    """The file holds more than the cap its reader allows."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symlink"),
+)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words (``a FIFO``)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def what_is(path: Path, follow: bool = False) -> str:
+    """What stands at ``path`` (``a symlink (to X)``, ``a FIFO``), for a refusal message."""
+    try:
+        info = path.stat() if follow else path.lstat()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            return f"a symlink (to {os.readlink(path)})"
+        except OSError:
+            return "a symlink"
+    return kind_of(info.st_mode)
+
+
+def _size(count: int) -> str:
+    return f"{count / MiB:,.0f} MiB" if count >= MiB else f"{count / KiB:,.0f} KiB"
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+    """A descriptor of the regular file at ``path``; :class:`NotRegular` for anything else.
+    Never blocks on a FIFO."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        # ENXIO: a FIFO without a writer opened for writing, or a socket.
+        if exc.errno == errno.ENXIO:
+            raise NotRegular(exc.errno, "not a regular file", str(path)) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegular(errno.EINVAL, f"{kind_of(mode)}, not a regular file", str(path))
+    return fd
+
+
+def read_bytes(path: str | os.PathLike[str], cap: int) -> bytes:
+    """The whole regular file at ``path``, if it holds at most ``cap`` bytes.
+
+    Raises :class:`NotRegular`, :class:`TooLarge` or the kernel's ``OSError``. The file is
+    read until its end or past the cap, whatever its size says (``/proc`` says 0)."""
+    fd = open_regular(path)
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        while total <= cap:
+            chunk = os.read(fd, min(cap + 1 - total, MiB))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    raise TooLarge(errno.EFBIG, f"more than {_size(cap)}", str(path))
+
+
+def read_text(path: str | os.PathLike[str], cap: int) -> str:
+    """:func:`read_bytes` as UTF-8 text, undecodable bytes replaced."""
+    return read_bytes(path, cap).decode("utf-8", errors="replace")
+
+
+def host_text(path: Path, cap: int = ATTRIBUTE_CAP) -> str | None:
+    """The stripped text of a host file, or None where it cannot be read. A missing or
+    refused file is an unknown value; one that is not a regular file, or is larger than
+    ``cap``, is also said in one DEBUG line."""
+    try:
+        return read_text(path, cap).strip()
+    except (NotRegular, TooLarge) as exc:
+        _debug(f"vllm-xpu-memfix: {path}: {exc.strerror}; taken as unknown")
+    except OSError:
+        pass
+    return None
+
+
+def junk(path: Path, text: str, expected: str) -> None:
+    """Say in one DEBUG line that ``path`` holds ``text``, not ``expected``, so its value is
+    taken as unknown."""
+    shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
+    _debug(f"vllm-xpu-memfix: {path} holds {shown}, not {expected}; taken as unknown")
+
+
+def _debug(line: str) -> None:
+    """One DEBUG record, cut to the most a record may hold."""
+    cut = line if len(line) <= _LOG_LIMIT else line[: _LOG_LIMIT - 3] + "..."
+    get_logger("files").debug(cut)
+
+
+def input_problem(path: Path, cap: int | None = None) -> str | None:
+    """Why the file given as ``path`` on a command line cannot be read as one, or None:
+    ``no such file``, ``a FIFO, not a regular file``, ``12 GiB, more than the 1 MiB ...``.
+    Reads nothing; the read itself (:func:`read_bytes`) checks again."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{kind_of(info.st_mode)}, not a regular file"
+    if cap is not None and info.st_size > cap:
+        return f"{_size(info.st_size)}, more than the {_size(cap)} it can be"
+    return None
