@@ -295,3 +295,11 @@ def test_any_bytes_in_the_tree_give_a_decision(tmp_path_factory, name, content, 
     if runtime is not None:  # every runtime read can be placed against a release
         assert runtime.pins_host_copy in (True, False)
         assert runtime.in_xe_peer_oom_range in (True, False)
+
+
+def test_a_driver_key_of_more_digits_than_int_converts_is_not_understood(tmp_path):
+    root = build_host(tmp_path, [B70, B70])
+    settings_ = config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(root)})
+    decision = driver_env.decide(settings_, {"NEOReadDebugKeys": "1" * 5000})
+    assert decision.not_understood and len(decision.not_understood[0]) < 200
+    assert decision.env == {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
