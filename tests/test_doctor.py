@@ -132,9 +132,6 @@ def test_703_human_report(issue_703):
     result = doctor(
         str(model),
         *ISSUE_703,
-        "--enable-auto-tool-choice",
-        "--port",
-        "8020",
         VLLM_XPU_MEMFIX_SYSROOT=str(host),
         VLLM_XPU_MEMFIX_DRIVER_ENV="off",
     )
@@ -146,11 +143,10 @@ def test_703_human_report(issue_703):
         "(largest part: driver_host_copy)" in out
     )
     assert "  kv_cache  host   131.8 GiB   device   29.4 GiB  <- runs out on the host" in out
-    assert "not modelled" not in out, "doctor's own flags: the unknown ones are ignored"
+    assert "not modelled" not in out, "doctor's own flags are all modelled"
     assert "host: driver copy      29.4 GiB" in out
     verdict = out.index("Verdict:")
     assert "  - " not in out[verdict:], "the remedies are listed once, with their outcome"
-    assert "ignoring --enable-auto-tool-choice --port 8020" in result.stderr
 
 
 def test_offload_before_quant_adds_the_whole_shard(issue_703):

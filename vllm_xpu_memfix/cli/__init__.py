@@ -1,4 +1,4 @@
-"""``vllm-xpu-memfix`` command line: check, compat, demo, doctor, monitor, plot, ray-env.
+"""``vllm-xpu-memfix`` command line: check, demo, doctor, monitor, plot, ray-env.
 
 May import every other part of the package; nothing imports it but the entry point.
 """
@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from vllm_xpu_memfix import __version__
 from vllm_xpu_memfix.core import numbers
@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor",
         help="predict whether a serve command fits, phase by phase, and why not",
-        usage="vllm-xpu-memfix doctor [--host FILE] [--write-host FILE] [--params N] [--json] "
-        "[MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
+        usage="vllm-xpu-memfix doctor [--host FILE] [--write-host FILE [--force]] [--params N] "
+        "[--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
         description="Takes the arguments of `vllm serve` that matter for memory, or the whole "
         "serve line after --. Judges this machine, or one described in a TOML file (--host). "
         "Reads files only: never loads the model or starts the driver.",
@@ -92,34 +92,37 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--host",
         metavar="FILE",
+        type=_path("--host"),
         help="judge the machine this TOML file describes (docs/doctor.md), not this one",
     )
     doctor.add_argument(
         "--write-host",
         metavar="FILE",
+        type=_path("--write-host"),
         help="write this machine's host file (--host on it gives the same answer)",
+    )
+    doctor.add_argument(
+        "--force",
+        action="store_true",
+        help="let --write-host replace an existing file",
     )
     doctor.add_argument(
         "model",
         nargs="?",
         help="checkpoint directory (safetensors), or a Hugging Face id read from the local cache",
     )
-    doctor.add_argument("--model", dest="model_option", help=argparse.SUPPRESS)
     doctor.add_argument(
         "--params",
+        metavar="N",
         type=_parameter_count,
         help="the model's parameter count (8e9, 8B, 500M) where its weights cannot be read",
     )
-    doctor.add_argument("--tensor-parallel-size", "-tp", type=_number(RANKS))
-    doctor.add_argument("--gpu-memory-utilization", type=_number(UTILIZATION))
-    doctor.add_argument("--quantization", "-q")
-    doctor.add_argument("--dtype")
+    _serve_flags(doctor)
     doctor.add_argument(
         "--device-memory-gib",
         type=_number(DEVICE_GIB),
         help=f"per-GPU memory if sysfs lacks it, {DEVICE_GIB.accepted}",
     )
-    doctor.add_argument("--max-parallel-loading-workers", type=_number(RANKS))
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     ray_env = sub.add_parser(
         "ray-env",
@@ -158,6 +161,76 @@ def _parameter_count(text: str) -> int:
     return round(count)
 
 
+def _path(option: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty path; give a file for {option}")
+        return text
+
+    return parse
+
+
+class _Once(argparse.Action):
+    """An option given twice with two different values is refused, not the last taken."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values:
+            parser.error(
+                f"argument {'/'.join(self.option_strings)}: given twice, {before!r} and "
+                f"{values!r}; give it once"
+            )
+        setattr(namespace, self.dest, values)
+
+
+_METAVAR = {
+    "ranks": "N",
+    "count": "N",
+    "human": "N",
+    "bytes": "BYTES",
+    "utilization": "FRACTION",
+    "quantization": "METHOD",
+    "dtype": "DTYPE",
+    "text": "VALUE",
+}
+
+
+def _serve_flags(doctor: argparse.ArgumentParser) -> None:
+    """doctor's own serve flags: the serve line's table, one option per field, each read by
+    the serve line's rule, so a flag means the same before and after ``--``."""
+    from vllm_xpu_memfix.cli.doctor import serveline
+
+    by_field: dict[str, list[str]] = {}
+    for flag, (field, _kind) in serveline.MODELLED.items():
+        by_field.setdefault(field, []).append(flag)
+    for field, flags in by_field.items():
+        kind = serveline.MODELLED[flags[0]][1]
+
+        def parse(text: str, kind: str = kind) -> Any:
+            try:
+                return serveline.value_of(kind, text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        if field == "model":  # the positional MODEL; --model as in the module form
+            doctor.add_argument(*flags, dest="model_option", help=argparse.SUPPRESS)
+            continue
+        doctor.add_argument(
+            *flags,
+            dest=field,
+            type=parse,
+            action=_Once,
+            metavar=_METAVAR[kind],
+            help=serveline.HELP[field],
+        )
+
+
 def _split_serve_line(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """``doctor ... -- vllm serve ...``: doctor's own arguments, and the serve line."""
     if argv[:1] == ["doctor"] and "--" in argv:
@@ -168,15 +241,16 @@ def _split_serve_line(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv, serve_line = _split_serve_line(list(sys.argv[1:] if argv is None else argv))
-    args, unknown = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = (
+            "; other vllm serve flags go in the serve line, after --"
+            if args.command == "doctor"
+            else ""
+        )
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.serve_line = serve_line
-    if args.command != "doctor" and unknown:
-        build_parser().parse_args(argv)  # reports the unknown arguments and exits
-    if args.command == "doctor":
-        args.model = args.model or args.model_option
-        if unknown:
-            # Other `vllm serve` flags do not change the host-memory estimate.
-            print(f"doctor: ignoring {' '.join(unknown)}", file=sys.stderr)
     command = importlib.import_module(f"{__name__}.{args.command.replace('-', '_')}")
     try:
         return int(command.main(args))

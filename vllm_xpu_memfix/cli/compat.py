@@ -118,3 +118,34 @@ def target_status(root: Path, target: str, params: tuple[str, ...] = ()) -> str:
                 f"signature changed: ({', '.join(found)}); the wrapper reads ({', '.join(params)})"
             )
     return PRESENT
+
+
+def literal_strings(root: Path, module: str, name: str) -> tuple[str, ...] | None:
+    """The strings of ``name = Literal["a", "b", ...]`` (or ``name: TypeAlias = ...``) at
+    the top of ``module`` in the tree under ``root``; None where the module, the name or a
+    Literal of strings is not there, or the file is not Python source."""
+    path = _module_file(root, module)
+    if path is None:
+        return None
+    try:
+        tree = _parse(path)[1]
+    except Unreadable:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            named = any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+        elif isinstance(node, ast.AnnAssign):
+            named = isinstance(node.target, ast.Name) and node.target.id == name
+        else:
+            continue
+        value = node.value
+        if not named or not isinstance(value, ast.Subscript):
+            continue
+        if not (isinstance(value.value, ast.Name) and value.value.id == "Literal"):
+            return None
+        items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+        strings = [
+            i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)
+        ]
+        return tuple(strings) if strings and len(strings) == len(items) else None
+    return None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.units import GiB
 
 WIDTH_IN, HEIGHT_IN, DPI = 12, 6.5, 100
@@ -256,9 +257,9 @@ def plot(
 
 def main(args: argparse.Namespace) -> int:
     csv_path = Path(args.csv)
-    if not csv_path.is_file():
-        what = "not a regular file" if csv_path.exists() else "no such file"
-        print(f"plot: {csv_path}: {what}", file=sys.stderr)
+    problem = files.input_problem(csv_path)
+    if problem is not None:
+        print(f"plot: {csv_path}: {problem}", file=sys.stderr)
         return 2
     ledger = Path(args.ledger) if args.ledger else None
     if ledger is not None and not ledger.is_dir():

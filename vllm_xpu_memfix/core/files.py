@@ -1,4 +1,5 @@
-"""Reading files this process did not write, so that none can stop, hang or flood it.
+"""Reading files this process did not write, so that none can stop, hang or flood it, and
+writing one where something else may already stand.
 
 One rule for every such read, the plugin's and the commands': a file is opened without
 blocking (``O_NONBLOCK``: a FIFO cannot stall the open), must then be a regular file
@@ -13,6 +14,9 @@ never ends do not.
   ``/proc``), where a file that cannot be read is a value that is unknown.
 - :func:`input_problem` says in a few words why a file given on a command line cannot be
   read as one (``doctor --host``, ``plot``'s CSV), before anything opens it.
+- :func:`write_file` writes a file a command was asked to write (``doctor --write-host``):
+  never through a symlink, never into a FIFO or a device, never over an existing file
+  unless asked, and never half-written (a temporary file beside it, then renamed).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from vllm_xpu_memfix.core.log import get_logger
@@ -146,7 +151,7 @@ def _debug(line: str) -> None:
 
 def input_problem(path: Path, cap: int | None = None) -> str | None:
     """Why the file given as ``path`` on a command line cannot be read as one, or None:
-    ``no such file``, ``a FIFO, not a regular file``, ``12 GiB, more than the 1 MiB ...``.
+    ``no such file``, ``a FIFO, not a regular file``, ``3,072 MiB: too large (at most 1 MiB)``.
     Reads nothing; the read itself (:func:`read_bytes`) checks again."""
     try:
         info = path.stat()
@@ -157,5 +162,40 @@ def input_problem(path: Path, cap: int | None = None) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return f"{kind_of(info.st_mode)}, not a regular file"
     if cap is not None and info.st_size > cap:
-        return f"{_size(info.st_size)}, more than the {_size(cap)} it can be"
+        return f"{_size(info.st_size)}: too large (at most {_size(cap)})"
     return None
+
+
+class WriteRefused(OSError):
+    """What stands at the path is not a file to replace; the message says what it is."""
+
+
+def write_file(path: Path, text: str, replace: bool = False, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory, then rename
+    it into place (``replace``: over an existing regular file; else only where nothing is).
+
+    Raises :class:`WriteRefused` for a symlink, a FIFO, a device, a directory, or an
+    existing file without ``replace``; the kernel's ``OSError`` otherwise. Nothing is left
+    behind on failure."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise WriteRefused(errno.EEXIST, f"{what_is(path)}, not a regular file; not written")
+    if info is not None and not replace:
+        raise WriteRefused(errno.EEXIST, "exists; not replaced without --force")
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), mode)
+            out.write(text)
+        if replace:
+            os.replace(temporary, path)  # replaces what the path names, never a link's target
+        else:
+            os.link(temporary, path)  # fails where anything appeared meanwhile
+            os.unlink(temporary)
+    except BaseException:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise

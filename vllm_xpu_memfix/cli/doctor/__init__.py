@@ -40,11 +40,8 @@ from vllm_xpu_memfix.cli.doctor import (
     sections,
     serveline,
 )
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, files
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
-
-DEFAULT_TP = 1
-DEFAULT_UTILIZATION = 0.92
 
 
 def report_for(measured: facts.Measurement, args: facts.ServeArgs) -> render.Report:
@@ -75,22 +72,17 @@ def report_for(measured: facts.Measurement, args: facts.ServeArgs) -> render.Rep
 
 def _serve_args(args: argparse.Namespace) -> facts.ServeArgs:
     """doctor's own flags, then the pasted serve line; a value given in both must agree."""
-    given = {
-        "model": args.model or None,
-        "tensor_parallel_size": args.tensor_parallel_size,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "quantization": args.quantization,
-        "dtype": args.dtype,
-        "max_parallel_loading_workers": args.max_parallel_loading_workers,
-    }
+    option = getattr(args, "model_option", None)
+    if args.model and option and args.model != option:
+        raise serveline.ServeLineError(
+            f"two models: {args.model!r} and --model {option!r}; give one"
+        )
+    given = {"model": args.model or option or None}
+    given.update({name: getattr(args, name, None) for name in serveline.FIELDS})
     base = facts.ServeArgs(
+        **{name: value for name, value in given.items() if value is not None and name != "model"},
         model=given["model"],
-        tensor_parallel_size=given["tensor_parallel_size"] or DEFAULT_TP,
-        gpu_memory_utilization=given["gpu_memory_utilization"] or DEFAULT_UTILIZATION,
-        quantization=args.quantization,
-        dtype=args.dtype,
         device_memory_gib=args.device_memory_gib,
-        max_parallel_loading_workers=args.max_parallel_loading_workers,
         params=args.params,
     )
     line = getattr(args, "serve_line", None)
@@ -110,21 +102,29 @@ def _one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def _write_host(args: argparse.Namespace, text: str) -> None:
+    """``--write-host``: never through a symlink, into a FIFO or a device, or over a file
+    without ``--force``; a temporary file beside it is renamed into place, mode 0644."""
+    path = Path(args.write_host)
+    try:
+        files.write_file(path, text, replace=args.force)
+    except OSError as exc:
+        raise hostfile.HostFileError(f"{path}: {exc.strerror or exc}") from None
+    print(f"doctor: wrote {path}", file=sys.stderr)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         serve = _serve_args(args)
         if args.host:
+            if args.write_host:
+                raise hostfile.HostFileError("--write-host writes this machine: drop --host")
             machine = hostfile.load(args.host)
             measured = described.measurement(machine, serve)
         else:
             measured = facts.measure(config.load(), serve, os.environ)
         if args.write_host:
-            if args.host:
-                raise hostfile.HostFileError("--write-host writes this machine: drop --host")
-            try:
-                Path(args.write_host).write_text(described.write_host(measured))
-            except OSError as exc:
-                raise hostfile.HostFileError(f"{args.write_host}: {exc.strerror or exc}") from None
+            _write_host(args, described.write_host(measured))
         report = report_for(measured, serve)
     except (CheckpointError, hostfile.HostFileError, serveline.ServeLineError) as exc:
         # One line, whatever a hostile file name holds.

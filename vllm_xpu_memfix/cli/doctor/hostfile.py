@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_xpu_memfix.cli.doctor import catalog
+from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.numbers import Bounds, shown
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import driver
@@ -33,6 +34,8 @@ SIZE = Bounds(0, 65536, unit="GiB")
 GPU_MEMORY = Bounds(0, 1024, above_minimum=True, unit="GiB")
 GPU_COUNT = Bounds(1, 64, integer=True)
 MAX_GPUS = 64
+# A host file is a few KiB (doctor --write-host writes about 1); anything larger is not one.
+HOST_FILE_CAP = 1024**2
 # MemAvailable where only MemTotal is given: the OS and other processes keep this share.
 OS_SHARE = 0.05
 OS_SHARE_MIN_GIB = 2.0
@@ -105,8 +108,11 @@ class _Reader:
 def load(path: str | Path) -> Described:
     """Read and check the host file at ``path``."""
     name = str(path)
+    problem = files.input_problem(Path(path), HOST_FILE_CAP)
+    if problem is not None:
+        raise HostFileError(f"{name}: {problem}")
     try:
-        raw = Path(path).read_bytes()
+        raw = files.read_bytes(path, HOST_FILE_CAP)
     except OSError as exc:
         raise HostFileError(f"{name}: cannot be read ({exc.strerror or exc})") from None
     try:

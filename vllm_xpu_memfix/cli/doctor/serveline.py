@@ -3,6 +3,10 @@
 Takes ``vllm serve MODEL ARGS...`` and ``python -m vllm.entrypoints.openai.api_server
 --model MODEL ARGS...``, flags as ``--flag value`` or ``--flag=value``. The flags that
 change memory are modelled; every other one is kept, as given, in ``not_modelled``.
+
+:data:`MODELLED` is also the table of doctor's own serve flags (``cli.build_parser`` adds
+one option per field, read by :func:`value_of`), so a flag means the same before and
+after ``--``. One flag given two different values is refused, in the line or across it.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ MODELLED: dict[str, tuple[str, str]] = {
     "--tensor-parallel-size": ("tensor_parallel_size", "ranks"),
     "-tp": ("tensor_parallel_size", "ranks"),
     "--gpu-memory-utilization": ("gpu_memory_utilization", "utilization"),
-    "--quantization": ("quantization", "text"),
-    "-q": ("quantization", "text"),
-    "--dtype": ("dtype", "text"),
+    "--quantization": ("quantization", "quantization"),
+    "-q": ("quantization", "quantization"),
+    "--dtype": ("dtype", "dtype"),
     "--max-model-len": ("max_model_len", "human"),
     "--max-num-seqs": ("max_num_seqs", "count"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", "human"),
@@ -45,6 +49,8 @@ MODELLED: dict[str, tuple[str, str]] = {
     "--kv-cache-dtype": ("kv_cache_dtype", "text"),
     "--model": ("model", "text"),
 }
+# The ServeArgs fields the serve flags set, the model aside (doctor takes it as MODEL).
+FIELDS = tuple(dict.fromkeys(name for name, _ in MODELLED.values() if name != "model"))
 ACCEPTED = {
     "ranks": RANKS.accepted,
     "utilization": UTILIZATION.accepted,
@@ -52,6 +58,19 @@ ACCEPTED = {
     "human": "a whole number, optionally with k, m, g (x1000) or K, M, G (x1024)",
     "bytes": "a whole number of bytes, optionally with k, m, g (x1000) or K, M, G (x1024)",
     "text": "a value",
+}
+# What each field is, for doctor --help.
+HELP = {
+    "tensor_parallel_size": "ranks of the engine, one per GPU (default: 1)",
+    "gpu_memory_utilization": "share of each GPU's memory vLLM may use (default: 0.92)",
+    "quantization": "quantization method, as vllm serve takes it (e.g. sym_int4, fp8)",
+    "dtype": "weights' dtype (auto, bfloat16, float16, ...; default: the checkpoint's)",
+    "max_model_len": "longest sequence (32k = 32000, 32K = 32768)",
+    "max_num_seqs": "sequences per batch",
+    "max_num_batched_tokens": "tokens per batch",
+    "kv_cache_memory_bytes": "KV cache size per GPU in bytes (20G), instead of the utilization",
+    "max_parallel_loading_workers": "ranks that load weights at once",
+    "kv_cache_dtype": "KV cache dtype (auto, fp8, ...)",
 }
 # Flags of vllm serve that take no value, so the word after them is not theirs.
 SWITCHES = frozenset(
@@ -91,10 +110,20 @@ def _human(text: str) -> int | None:
     return int(value) if value.is_integer() else None
 
 
-def _value(flag: str, kind: str, raw: str) -> Any:
-    if kind == "text":
+def _names(kind: str) -> tuple[str, ...] | None:
+    from vllm_xpu_memfix.cli.doctor import choices
+
+    return choices.quantization_names() if kind == "quantization" else choices.dtype_names()
+
+
+def value_of(kind: str, raw: str) -> Any:
+    """The value ``raw`` gives a flag of ``kind``; ValueError saying why it is refused."""
+    if kind in ("text", "quantization", "dtype"):
         if not raw.strip():
-            raise ServeLineError(f"{flag} has an empty value")
+            raise ValueError("has an empty value")
+        names = None if kind == "text" else _names(kind)
+        if names is not None and raw.strip() not in names:
+            raise ValueError(refusal(raw, ", ".join(names)))
         return raw.strip()
     if kind in ("human", "bytes"):
         number = _human(raw)
@@ -103,8 +132,15 @@ def _value(flag: str, kind: str, raw: str) -> Any:
     else:
         value = {"ranks": RANKS, "utilization": UTILIZATION, "count": COUNT}[kind].value_of(raw)
     if value is None:
-        raise ServeLineError(f"{flag} {refusal(raw, ACCEPTED[kind])}")
+        raise ValueError(refusal(raw, ACCEPTED[kind]))
     return value
+
+
+def _value(flag: str, kind: str, raw: str) -> Any:
+    try:
+        return value_of(kind, raw)
+    except ValueError as exc:
+        raise ServeLineError(f"{flag} {exc}") from None
 
 
 def _strip_launcher(words: list[str]) -> list[str]:
@@ -142,7 +178,12 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
                     raise ServeLineError(f"{flag} is missing its value")
                 value, i = args[i + 1], i + 1
             name, kind = MODELLED[flag]
-            fields[name] = _value(flag, kind, value)
+            given = _value(flag, kind, value)
+            if name in fields and fields[name] != given:
+                raise ServeLineError(
+                    f"{flag} is given twice: {fields[name]!r} and {given!r}; give it once"
+                )
+            fields[name] = given
         else:
             takes_value = (
                 not has_value
