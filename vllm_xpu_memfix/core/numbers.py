@@ -17,6 +17,17 @@ def shown(value: str, limit: int = 60) -> str:
     return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} chars)"
 
 
+def printable(text: str, limit: int | None = 200) -> str:
+    """``text`` for a line a person reads: each character that is not printable (CR, LF,
+    ESC and the other controls, a lone surrogate from undecodable bytes) written as its
+    escape, and cut after ``limit`` characters with a mark (``…``)."""
+    head = text if limit is None else text[:limit]
+    escaped = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in head
+    )
+    return escaped if head == text else f"{escaped}… ({len(text):,} chars)"
+
+
 def refusal(value: str, accepted: str) -> str:
     return f"{shown(value)} is not valid; accepted values: {accepted}"
 

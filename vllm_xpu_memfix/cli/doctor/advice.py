@@ -7,6 +7,7 @@ from typing import Any
 
 from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
 from vllm_xpu_memfix.cli.doctor.predict import ON_THE_FLY_QUANT, Estimate, largest_staged_params
+from vllm_xpu_memfix.core.numbers import printable
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
 
 
@@ -20,7 +21,9 @@ def head_notes(config: dict[str, Any], tp: int) -> list[str]:
     if heads is None:
         return []
     if type(heads) is not int or heads < 1:
-        return [f"{section}: num_attention_heads {heads!r} is not a positive integer"]
+        return [
+            f"{section}: num_attention_heads {printable(repr(heads), 60)} is not a positive integer"
+        ]
     notes = []
     if heads % tp:
         notes.append(
@@ -29,7 +32,10 @@ def head_notes(config: dict[str, Any], tp: int) -> list[str]:
         )
     kv_heads = text.get("num_key_value_heads", heads)
     if type(kv_heads) is not int or kv_heads < 1:
-        notes.append(f"{section}: num_key_value_heads {kv_heads!r} is not a positive integer")
+        notes.append(
+            f"{section}: num_key_value_heads {printable(repr(kv_heads), 60)} is not a positive "
+            "integer"
+        )
     elif kv_heads % tp and tp % kv_heads:
         notes.append(
             f"--tensor-parallel-size {tp} and the {kv_heads} KV heads ({section} "

@@ -282,7 +282,7 @@ def parse(data: dict[str, Any], path: str) -> Described:
         image = catalog.image_named(image_name)
         if image is None:
             assumed.append(
-                f"image {image_name!r} is not in doctor's table ({catalog.IMAGE_TAGS}): its "
+                f"image {shown(image_name)} is not in doctor's table ({catalog.IMAGE_TAGS}): its "
                 "sym_int4, variables and compute-runtime are unknown"
             )
     layouts = None

@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_xpu_memfix.cli.doctor import codes
 from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
+from vllm_xpu_memfix.core.numbers import printable
 from vllm_xpu_memfix.core.units import GiB
 
 SELF_CHECK = "device_quant self-check"
@@ -76,7 +77,7 @@ def _outcome_lines(report: Report) -> list[str]:
             )
     lines += [f"  assumed: {a}" for a in report.assumed]
     if report.not_modelled:
-        lines.append(f"  not modelled: {' '.join(report.not_modelled)}")
+        lines.append(f"  not modelled: {' '.join(printable(w) for w in report.not_modelled)}")
     return lines
 
 
@@ -91,24 +92,34 @@ def _main_cause(report: Report) -> str:
 
 
 def render(report: Report, args: ServeArgs) -> str:
+    """The report for a person. Every string that came from a file or the environment is
+    escaped and cut (``numbers.printable``), and every line is escaped once more, so no
+    value can forge a line or reach the terminal as a control sequence. JSON is left as
+    it is: its encoder escapes."""
+    return "\n".join(printable(line, limit=None) for line in _lines(report, args))
+
+
+def _lines(report: Report, args: ServeArgs) -> list[str]:
     host, gpus = report.host, report.gpus
     limit = "none" if host["cgroup_max"] is None else gib(host["cgroup_max"])
     lines = [
-        f"Host ({report.machine})",
+        f"Host ({printable(report.machine)})",
         f"  RAM {gib(host['mem_total'])}, available {gib(host['mem_available'])}, "
         f"swap {gib(host['swap_total'])} ({gib(host['swap_free'])} free), cgroup limit {limit}",
         "GPUs",
-        *(f"  {gpu}" for gpu in gpus["intel_gpus"] or ["no Intel GPU found in sysfs"]),
+        *(f"  {printable(gpu)}" for gpu in gpus["intel_gpus"] or ["no Intel GPU found in sysfs"]),
         f"  visible: {gpus['visible']} ({gpus['visible_battlemage']} Battlemage); device memory "
         f"{gib(gpus['device_memory_bytes'])} ({gpus['device_memory_source']})",
-        f"  compute-runtime {gpus['compute_runtime']}; "
-        f"Level Zero loader {gpus['level_zero_loader']}; kernel {gpus.get('kernel', 'unknown')}",
+        f"  compute-runtime {printable(gpus['compute_runtime'])}; "
+        f"Level Zero loader {printable(gpus['level_zero_loader'])}; "
+        f"kernel {printable(gpus.get('kernel', 'unknown'))}",
         f"  driver guard {gpus['driver_guard']}",
         "Environment",
-        *(f"  {k}={v}" for k, v in report.environment.items()),
+        *(f"  {printable(k)}={printable(v)}" for k, v in report.environment.items()),
         *([] if report.environment else ["  (none of the relevant variables is set)"]),
         "Plugin switches",
-        "  " + ", ".join(f"{k}={v}" for k, v in report.plugin.items() if k not in LONG_LINES),
+        "  "
+        + ", ".join(f"{k}={printable(v)}" for k, v in report.plugin.items() if k not in LONG_LINES),
         *(f"  {key}: {report.plugin[key]}" for key in LONG_LINES if key in report.plugin),
     ]
     if report.model:
@@ -118,7 +129,7 @@ def render(report: Report, args: ServeArgs) -> str:
         )
         lines += [
             "Model",
-            f"  {model['model']}: {model['shards']} shard(s) read, "
+            f"  {printable(model['model'])}: {model['shards']} shard(s) read, "
             f"{gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
             f"weights on each device {gib(model['device_weight_bytes_per_rank'])}",
         ]
@@ -140,4 +151,4 @@ def render(report: Report, args: ServeArgs) -> str:
         *(f"  - {change}" for change in ([] if report.remedies else report.changes)),
         *(f"  note: {note}" for note in report.notes),
     ]
-    return "\n".join(lines)
+    return lines
