@@ -303,3 +303,25 @@ def test_a_driver_key_of_more_digits_than_int_converts_is_not_understood(tmp_pat
     decision = driver_env.decide(settings_, {"NEOReadDebugKeys": "1" * 5000})
     assert decision.not_understood and len(decision.not_understood[0]) < 200
     assert decision.env == {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"ZE_AFFINITY_MASK": "9" * 5000},
+        {"ZE_AFFINITY_MASK": "\u0661,\u00b2"},  # digits to str.isdigit(), not to Level Zero
+        {"ONEAPI_DEVICE_SELECTOR": "level_zero:" + "9" * 5000},
+    ],
+)
+def test_a_device_mask_of_junk_digits_selects_no_gpu_and_never_raises(tmp_path, environ):
+    gpus = driver.intel_gpus(build_host(tmp_path, [B70, B70]))
+    assert driver.visible_gpus(gpus, environ) == []
+
+
+def test_a_speaker_file_naming_no_pid_is_taken_over(tmp_path):
+    from vllm_xpu_memfix.core import host_lock
+
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir(mode=0o700)
+    (lock_dir / "x.speaker").write_text("\u00b2 123\n")  # str.isdigit() holds, int() refuses
+    assert host_lock.first_alive(lock_dir, "x") is True

@@ -47,7 +47,10 @@ INTERVAL_S = Bounds(0.01, 3600, unit="seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vllm-xpu-memfix", description=__doc__)
+    parser = _Parser(
+        prog="vllm-xpu-memfix",
+        description="The vllm-xpu-memfix plugin's commands (docs/commands.md).",
+    )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser(

@@ -76,6 +76,9 @@ class Variable:
     parse: Parser
     choices: tuple[str, ...] = ()
     bounds: Bounds | None = None
+    # Names a path on the machine that runs vLLM: checked against this filesystem only
+    # where that machine is this one (``load(..., this_machine=False)``: shape only).
+    path: bool = False
 
 
 def _choice(variable: Variable, raw: str, _environ: Mapping[str, str]) -> str:
@@ -270,6 +273,7 @@ PARAMETERS: tuple[Variable, ...] = (
         doc="Every vLLM process appends its ledger phases as JSON lines to "
         "<dir>/ledger-<hostname>-<pid>.jsonl.",
         parse=_optional_directory,
+        path=True,
     ),
     Variable(
         name=f"{PREFIX}_SYSROOT",
@@ -280,6 +284,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "ray-env, and for the /proc/meminfo and cgroup reads of the host's room (load lock, "
         "ledger, doctor); point it at a recorded tree. Empty is the same as unset.",
         parse=_existing_directory,
+        path=True,
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_ATTRS",
@@ -335,6 +340,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "group/world-writable directory is refused, and so is an entry in it that is not a "
         "regular file (the warm-up or load then runs unlocked).",
         parse=_lock_dir,
+        path=True,
     ),
     Variable(
         name=f"{PREFIX}_KV_HEADROOM_SLACK_MIB",
@@ -404,17 +410,24 @@ class Settings:
         return self.enabled and self.modes[fix.key] is not Mode.OFF
 
 
-def _read(variable: Variable, environ: Mapping[str, str]) -> Any:
-    return variable.parse(variable, environ.get(variable.name, variable.default), environ)
+def _read(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
+    raw = environ.get(variable.name, variable.default)
+    if variable.path and not this_machine and variable.parse is not _lock_dir:
+        # Another machine's path: taken as written, never looked up here.
+        return Path(raw) if raw.strip() else (Path(variable.default) if variable.default else None)
+    return variable.parse(variable, raw, environ)
 
 
-def load(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate every plugin variable. Raises :class:`ConfigError` on bad input."""
+def load(environ: Mapping[str, str] | None = None, this_machine: bool = True) -> Settings:
+    """Read and validate every plugin variable. Raises :class:`ConfigError` on bad input.
+
+    ``this_machine=False`` reads another machine's variables (``doctor --host``): a path
+    variable is checked for its shape only, never against this filesystem."""
     env = os.environ if environ is None else environ
     return Settings(
         enabled=_read(MASTER, env),
         modes={key: _read(switch, env) for key, switch in SWITCHES.items()},
-        **{variable.field: _read(variable, env) for variable in PARAMETERS},
+        **{variable.field: _read(variable, env, this_machine) for variable in PARAMETERS},
     )
 
 

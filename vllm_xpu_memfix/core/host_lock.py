@@ -182,7 +182,7 @@ def first_alive(directory: Path, name: str) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         pid, _, started = os.read(fd, OWNER_READ_BYTES).decode("utf-8", "replace").partition(" ")
-        if pid.isdigit() and start_time(int(pid)) == started.strip():
+        if pid.isascii() and pid.isdigit() and start_time(int(pid)) == started.strip():
             return int(pid) == os.getpid()
         refuse_hard_links(fd, path)
         os.ftruncate(fd, 0)

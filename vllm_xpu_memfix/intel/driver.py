@@ -171,13 +171,18 @@ def intel_gpus(sysroot: Path) -> list[Gpu]:
     return sorted(gpus, key=lambda g: g.pci_slot)
 
 
+def _index(text: str) -> int | None:
+    """A device index as Level Zero and SYCL write it (ASCII digits); None for anything else."""
+    return int(text) if re.fullmatch(r"[0-9]{1,6}", text, re.ASCII) else None
+
+
 def _selected_indices(count: int, environ: Mapping[str, str]) -> set[int]:
     """Indices of the GPUs left visible by ``ZE_AFFINITY_MASK`` and ``ONEAPI_DEVICE_SELECTOR``."""
     visible = set(range(count))
     mask = environ.get("ZE_AFFINITY_MASK", "").strip()
     if mask:
         # "0,1" or "0.0,1.1" (sub-devices): the root index is before the dot.
-        visible &= {int(p.split(".")[0]) for p in mask.split(",") if p.split(".")[0].isdigit()}
+        visible &= {i for p in mask.split(",") if (i := _index(p.split(".")[0])) is not None}
     selector = environ.get("ONEAPI_DEVICE_SELECTOR", "").strip()
     if selector:
         accepted: set[int] = set()
@@ -192,7 +197,7 @@ def _selected_indices(count: int, environ: Mapping[str, str]) -> set[int]:
                 head = device.split(".")[0].strip().lower()
                 if head in ("*", "gpu"):
                     chosen |= set(range(count))
-                elif head.isdigit():
+                elif _index(head) is not None:
                     chosen.add(int(head))
             (discarded if negate else accepted).update(chosen)
         only_negative = all(t.startswith("!") for t in selector.split(";"))

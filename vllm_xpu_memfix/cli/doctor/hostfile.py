@@ -55,7 +55,8 @@ TABLES: dict[str, tuple[str, ...] | None] = {
     "env": None,  # any variable name
     "plugin": ("installed",),
 }
-_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The [env] names a host file takes (and --write-host writes).
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class GpuKind:
     name: str
     device_id: int
     count: int
-    memory_bytes: int
+    memory_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -230,11 +231,19 @@ def _gpu(reader: _Reader, n: int, entry: dict[str, Any], assumed: list[str]) -> 
     count = int(reader.number(f"{where} count", entry.get("count", 1), GPU_COUNT))
     if "count" not in entry:
         assumed.append(f"{where}: count not given, 1 assumed")
+    memory: float | None
     if "memory_gib" in entry:
         memory = reader.number(f"{where} memory_gib", entry["memory_gib"], GPU_MEMORY)
     elif known is not None:
         memory = known.memory_gib
         assumed.append(f"{where}: {known.name} memory {memory:g} GiB {known.note}".rstrip())
+    elif "model" not in entry:
+        # A pci_id alone, as --write-host writes a GPU whose memory it could not read.
+        memory = None
+        assumed.append(
+            f"{where}: 0x{device_id or 0:04x} is not a GPU doctor knows and memory_gib is not "
+            "given: its memory is unknown (give memory_gib, or --device-memory-gib)"
+        )
     else:
         given = entry.get("model", entry.get("pci_id"))
         raise reader.error(
@@ -245,7 +254,8 @@ def _gpu(reader: _Reader, n: int, entry: dict[str, Any], assumed: list[str]) -> 
     if known is None:
         assumed.append(f"{where}: not a model doctor knows, so not taken for a Battlemage GPU")
     label = known.name if known else str(entry.get("model", f"0x{device_id or 0:04x}"))
-    return GpuKind(label, device_id or (known.device_id if known else 0), count, int(memory * GiB))
+    device = device_id or (known.device_id if known else 0)
+    return GpuKind(label, device, count, None if memory is None else int(memory * GiB))
 
 
 def _runtime(reader: _Reader, table: dict[str, Any]) -> driver.Runtime | None:
@@ -299,7 +309,7 @@ def parse(data: dict[str, Any], path: str) -> Described:
         assumed.append("compute-runtime not given: the host copy is taken as possible")
     env = dict(image.env) if image else {}
     for key, value in data.get("env", {}).items():
-        if not _VARIABLE.fullmatch(key):
+        if not VARIABLE_NAME.fullmatch(key):
             raise reader.error(f"[env] {shown(key)}", "is not a variable name")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise reader.error(f"[env] {key}", f"{shown(str(value))}: accepted: a string")
