@@ -453,3 +453,13 @@ def test_help_lists_only_commands_and_every_doctor_option_has_text():
     for action in doctor._actions:
         if action.help != argparse.SUPPRESS:
             assert action.help, f"doctor {action.option_strings or action.dest} has no help"
+
+
+def test_without_vllms_list_a_quantization_is_taken_unchecked_and_said(monkeypatch):
+    monkeypatch.setattr(choices, "quantization_names", lambda: None)
+    code, out, err = run("doctor", "--params", "8B", "-q", "my_plugin_quant", "--json")
+    assert code == 0, err
+    assert (
+        choices.QUANTIZATION_NOT_CHECKED.format(name="my_plugin_quant")
+        in json.loads(out)["assumed"]
+    )

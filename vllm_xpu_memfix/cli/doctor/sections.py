@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor import catalog, model, predict
+from vllm_xpu_memfix.cli.doctor import catalog, choices, model, predict
 from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
 from vllm_xpu_memfix.cli.doctor.predict import Estimate
 from vllm_xpu_memfix.cli.doctor.render import SELF_CHECK
@@ -104,6 +104,8 @@ def causes_section(outcome: model.Outcome) -> list[dict[str, object]]:
 def assumed_section(measured: Measurement, args: ServeArgs, outcome: model.Outcome) -> list[str]:
     """What doctor took where it was not told."""
     assumed = list(measured.assumed)
+    if args.quantization and choices.quantization_names() is None:
+        assumed.append(choices.QUANTIZATION_NOT_CHECKED.format(name=args.quantization))
     if args.max_num_seqs is None:
         assumed.append(f"--max-num-seqs not given: vLLM's {predict.DEFAULT_MAX_NUM_SEQS}")
     if args.max_num_batched_tokens is None:
