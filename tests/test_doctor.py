@@ -290,8 +290,8 @@ def test_the_load_lock_changes_the_verdict_of_a_legacy_load_and_is_recommended_w
 
 
 def test_an_moe_side_is_the_unit_staged_when_it_is_larger_than_any_linear_layer(tmp_path):
-    from vllm_xpu_memfix.cli.doctor.predict import largest_staged_params
     from vllm_xpu_memfix.memory.checkpoint import read_checkpoint, write_sparse_checkpoint
+    from vllm_xpu_memfix.startup.sizing import largest_staged_params
 
     hidden, inter, experts = 1024, 512, 16
     tensors = {"model.embed_tokens.weight": ("BF16", (4096, hidden))}

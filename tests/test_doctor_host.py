@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from vllm_xpu_memfix.cli.doctor import facts, hostfile, serveline
+from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 GiB = 1024**3
 B70_HOST = """
@@ -190,7 +191,7 @@ def test_a_host_file_that_is_missing_or_not_text_is_one_line(tmp_path):
 # --- the serve line --------------------------------------------------------------------------
 
 
-BASE = facts.ServeArgs(model=None)
+BASE = ServeArgs(model=None)
 
 
 def test_the_serve_line_models_the_memory_flags_in_both_forms_and_lists_the_rest():
@@ -204,7 +205,7 @@ def test_the_serve_line_models_the_memory_flags_in_both_forms_and_lists_the_rest
         ],
         BASE,
     )  # fmt: skip
-    assert args == facts.ServeArgs(
+    assert args == ServeArgs(
         model="Qwen/Qwen3.8-27B",
         tensor_parallel_size=4,
         gpu_memory_utilization=0.85,
