@@ -230,13 +230,17 @@ def _forward(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[float, Any, floa
     return activations, burst, _kv_bytes_per_token(text, args, dtype)
 
 
-def _load_mode(machine: Machine, quant: str, unit: str) -> tuple[bool, str]:
+def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tuple[bool, str]:
     """Whether sym_int4's legacy load buffers each rank's whole shard, and why."""
     holds_shard, why = machine.legacy_load
-    if holds_shard and quant == "sym_int4":
-        return True, why
-    in_flight = f"{unit} in flight (more if the allocator keeps freed staging)"
-    return False, f"{in_flight}; {why}" if why else in_flight
+    legacy = holds_shard and quant == "sym_int4"
+    if not legacy:
+        in_flight = f"{unit} in flight (more if the allocator keeps freed staging)"
+        why = f"{in_flight}; {why}" if why else in_flight
+    tp, slots = args.tensor_parallel_size, machine.load_slots
+    if slots is not None and slots < tp:
+        why += f"; the load lock lets {slots} of {tp} ranks stage at once"
+    return legacy, why
 
 
 def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[str, str]:
@@ -262,7 +266,7 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
         linear, other = _split_weights(ckpt)
         on_the_fly = not prequantized and quant in ON_THE_FLY_QUANT and ckpt.dtype in _DTYPE_BYTES
         unit, unit_kind = largest_staged_params(ckpt) if on_the_fly else (0.0, "")
-        legacy, why = _load_mode(machine, quant, unit_kind)
+        legacy, why = _load_mode(machine, args, quant, unit_kind)
         weights = {
             "other_weight_bytes": other,
             "linear_params": linear,
