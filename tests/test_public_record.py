@@ -129,6 +129,12 @@ DOCTOR_DISAGREES = {
     ("cause", "llm-scaler-703-4xb70-swap-util092"): (
         f"sampler_burst needs the vocabulary: {NO_CONFIG}"
     ),
+    ("verdict", "llm-scaler-382-2xb70-online-fp8-tp2"): (
+        "the corpus assumed compute-runtime #916 ('will fail'); the thread states neither peer "
+        "access between the B70s nor that every allocation failed (the weights loaded), so "
+        "doctor names #916 only as possible and judges the memory, which fits"
+    ),
+    ("fails_at", "llm-scaler-382-2xb70-online-fp8-tp2"): "as its verdict",
     ("verdict", "vllm-41663-2xb70-online-fp8-64gb"): (
         "no image is given, so doctor takes the per-layer load, and --params gives no unit "
         "size; the cause (staging) is the commenter's explanation, not a measurement"

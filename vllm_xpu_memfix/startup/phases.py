@@ -190,6 +190,10 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def device_judged(self) -> bool:
+        return self.inputs.device_bytes is not None
+
+    @property
     def host_need(self) -> float:
         return max(p.host for p in self.phases.values())
 
@@ -369,7 +373,9 @@ def _main_cause(causes: list[Cause], side: str | None) -> str:
 
 def run(inp: Inputs) -> Outcome:
     """The phases, the causes and the verdict for ``inp``. Within a phase the device is
-    judged before the host: what the device cannot hold fails there, whatever the host."""
+    judged before the host: what the device cannot hold fails there, whatever the host.
+    "will fail" only where every condition is known to hold (TP above the visible GPUs,
+    #916 with peer access known); a failure not known to come is named in ``why``."""
     phases = _phases(inp)
     causes = _causes(inp, phases)
     host_judged = inp.room is not None
@@ -404,12 +410,8 @@ def run(inp: Inputs) -> Outcome:
             if judged == codes.AT_RISK and worst == codes.FITS:
                 worst, why, side = codes.AT_RISK, f"{where} at {name}: {share}", where
     oom = inp.xe_peer_condition
-    if worst == codes.FITS and oom is not None:
-        worst, why = (
-            codes.AT_RISK,
-            f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown",
-        )
-        return Outcome(
-            inp, phases, causes, worst, None, why, codes.XE_PEER_CONTEXT_OOM, host_judged
-        )
+    if oom is not None:
+        # Not known to hold: named, with what is unknown, but the verdict stays memory's.
+        possible = f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown"
+        why = f"{why}; {possible}" if why else possible
     return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side), host_judged)

@@ -68,6 +68,7 @@ def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
         main_cause=outcome.main_cause,
         why=outcome.why,
         host_judged=outcome.host_judged,
+        device_judged=outcome.device_judged,
         notes=advice.notes_for(measured, outcome, args),
         machine=measured.described or "this machine",
         fails_at=outcome.fails_at,

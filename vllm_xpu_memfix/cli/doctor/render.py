@@ -26,6 +26,7 @@ class Report:
     main_cause: str  # a cause code
     why: str = ""  # where and how much: "host at kv_cache: 91% of the host's room"
     host_judged: bool = True
+    device_judged: bool = True
     notes: list[str] = field(default_factory=list)
     machine: str = "this machine"
     fails_at: dict[str, str] | None = None
@@ -46,6 +47,8 @@ def verdict_line(report: Report) -> str:
     parts.append(f"main cause: {report.main_cause}")
     if not report.host_judged:
         parts.append("not judged on the host: no RAM figures")
+    if not report.device_judged:
+        parts.append("not judged on the device: its memory is not known")
     return f"Verdict: {report.verdict.upper()} ({'; '.join(parts)})"
 
 
@@ -121,7 +124,7 @@ def render(report: Report, args: ServeArgs) -> str:
             "Model",
             f"  {model['model']}: {model['shards']} shard(s) read, "
             f"{gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
-            f"weights on each device {gib(model['device_weight_bytes_per_rank'])}",
+            f"weights per rank {gib(model['device_weight_bytes_per_rank'])}",
         ]
     per_rank = report.per_rank
     lines += [
