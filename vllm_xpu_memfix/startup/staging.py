@@ -6,10 +6,13 @@ largest unit converted at once (``STAGING_BYTES_PER_PARAM`` a parameter: its 16-
 the fp32 upcast, the int4 result and its scales). Under sym_int4's legacy load the rank
 first buffers its whole 16-bit shard, so the shard comes on top.
 
-Checked on the CPU test bed (benchmarks/results/load-lock-2026-12-04.md): the TP 2 legacy
-load of a 960 MiB shard per rank peaked 1,445 MiB a rank above process start, which also
-holds the rank's converted weights (on the CPU the device memory is host memory); this
-figure gives 960 MiB plus the unit's temporaries for the staging alone.
+Checked on the CPU test bed, where the device memory is host memory too: the TP 2 legacy
+load of the ~1 B-parameter benchmark model (benchmarks/results/load-lock-2026-12-04.md,
+lock off) peaked 2,891 MiB summed over two ranks above process start, 1,445 MiB a rank.
+Per rank this figure gives 960 MiB of shard + 104 MiB for the merged gate/up unit (16.8 M
+parameters), and the load lock adds on the CPU the converted weights (960 / 2 x 0.535 =
+257 MiB) and the other weights (embedding and head, 125 MiB): 1,446 MiB. On an XPU the
+staging alone, 1,064 MiB, stays on the host.
 """
 
 from __future__ import annotations
