@@ -119,9 +119,7 @@ def test_the_guard_variables_make_it_fit(tmp_path, qwen):
 
 
 def test_two_a770_on_an_old_kernel_will_fail_whatever_the_memory(tmp_path, qwen):
-    host = machine(
-        tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4", p2p=True
-    )
+    host = machine(tmp_path, "Arc A770", 2, kernel="6.14.0", runtime="26.14.37833.4", p2p=True)
     report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
     assert report["verdict"] == codes.WILL_FAIL
     assert report["fails_at"] == {"phase": "load", "where": "device"}
@@ -150,17 +148,29 @@ def test_916_without_known_peer_access_is_possible_and_says_how_to_check(tmp_pat
     """Two GPUs, a runtime in #916's range, an old kernel, but whether the GPUs reach each
     other is not known: the failure is named as possible, with how to check, and the
     verdict stays the memory's (never will fail)."""
-    host = machine(tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4")
+    host = machine(tmp_path, "Arc A770", 2, kernel="6.14.0", runtime="26.14.37833.4")
     report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
     assert report["verdict"] == codes.FITS and report["fails_at"] is None
     assert report["why"] == "compute-runtime #916 possible: peer access between the GPUs unknown"
     assert "can_device_access_peer" in cause(report, codes.XE_PEER_CONTEXT_OOM)["why"]
-    no_p2p = machine(
-        tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4", p2p=False
-    )
+    no_p2p = machine(tmp_path, "Arc A770", 2, kernel="6.14.0", runtime="26.14.37833.4", p2p=False)
     report = judge(no_p2p, str(qwen), "-tp", "2", "-q", "sym_int4")
     assert report["verdict"] == codes.FITS and report["why"] == ""
     assert not [c for c in report["causes"] if c["code"] == codes.XE_PEER_CONTEXT_OOM]
+
+
+def test_916_on_a_distribution_kernel_before_7_1_is_only_possible(tmp_path, qwen):
+    """compute-runtime #968 (2026-08-16): 2x B70 with P2P verified by ze_peer, Ubuntu's
+    7.0.0-29, image 0.21.0-b3.1 (compute-runtime 26.14.37833.4) served TP 2. A distribution
+    build may carry the 7.1 fix, so its kernel is not known to lack it."""
+    host = machine(
+        tmp_path, "Arc Pro B70", 2, kernel="7.0.0-29-generic", runtime="26.14.37833.4", p2p=True
+    )
+    report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
+    assert report["verdict"] != codes.WILL_FAIL
+    assert "whether distribution kernel 7.0.0-29-generic carries the xe fix" in report["why"]
+    plain = machine(tmp_path, "Arc Pro B70", 2, kernel="7.0.0", runtime="26.14.37833.4", p2p=True)
+    assert judge(plain, str(qwen), "-tp", "2", "-q", "sym_int4")["verdict"] == codes.WILL_FAIL
 
 
 def test_0_21_b1_overcommits_the_device_with_its_second_int4_layout(tmp_path, qwen):
@@ -244,19 +254,19 @@ def test_the_utilisation_remedy_is_the_largest_that_fits(tmp_path, qwen):
 
 
 def test_remedies_rank_those_that_fit_first_then_by_cost():
+    from vllm_xpu_memfix.intel import driver
+    from vllm_xpu_memfix.startup import remedies
+
     inputs = model.Inputs(
         tp=2,
         utilization=0.9,
         device_bytes=32 * GiB,
         gpus_in_context=2,
         battlemage_in_context=2,
-        kernel=(6, 14),
+        kernel=driver.kernel_from_release("6.14.0"),
         p2p=True,
         room=40 * GiB,
     )
-    from vllm_xpu_memfix.intel import driver
-    from vllm_xpu_memfix.startup import remedies
-
     runtime = driver.runtime_from_version("26.14.37833.4", "test")
     out = model.run(replace(inputs, runtime=runtime))
     assert out.verdict == codes.WILL_FAIL
@@ -279,7 +289,7 @@ def test_the_json_keeps_todays_keys_and_adds_the_phase_model(tmp_path, qwen):
     old = {"host", "gpus", "environment", "plugin", "model", "per_rank", "total", "verdict",
            "main_cause", "notes"}  # fmt: skip
     new = {"fails_at", "phases", "causes", "remedies", "assumed", "not_modelled", "machine",
-           "why", "host_judged", "not_helping"}  # fmt: skip
+           "why", "host_judged", "device_judged", "not_helping"}  # fmt: skip
     assert set(report) == old | new
     assert report["verdict"] in codes.VERDICTS
     assert list(report["phases"]) == list(codes.PHASES)

@@ -63,7 +63,7 @@ REMEDIES = {
 }
 # The host-file keys of issue 32, part 1. No [plugin]: these reporters ran without the plugin.
 HOST_KEYS = {
-    "host": {"ram_gib", "available_gib", "swap_gib", "cgroup_limit_gib", "kernel"},
+    "host": {"ram_gib", "available_gib", "swap_gib", "cgroup_limit_gib", "kernel", "p2p"},
     "gpu": {"model", "pci_id", "count", "memory_gib"},
     "driver": {"compute_runtime"},
     "image": {"name"},

@@ -30,7 +30,7 @@ def machine(gpus: int, device: float, room_gib: float | None = 120, **kw) -> siz
         battlemage_visible=gpus,
         device_bytes=device,
         runtime=driver.runtime_from_version("26.14.37833.4", "test"),
-        kernel=(7, 1),
+        kernel=driver.kernel_from_release("7.1.0"),
         environ={"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"},
         room=None if room_gib is None else room_gib * GiB,
         **kw,

@@ -30,6 +30,7 @@ LIBRARY_DIRS = (
     "usr/local/lib",
     "opt/intel/oneapi/redist/lib",
 )
+_PLAIN_RELEASE = re.compile(r"\d+\.\d+(?:\.\d+)?")
 _OLD_PACKAGE_VERSION = re.compile(r"1\.\d+\.(\d+)")
 _LIB = re.compile(r"libze_intel_gpu\.so\.1\.(\d+)\.(\d+)")
 
@@ -197,8 +198,21 @@ class Kernel:
     problem: str | None = None
 
     @property
+    def distribution_build(self) -> bool:
+        """A release with a build suffix (``7.0.0-29-generic``, ``6.12.8+deb13``): its
+        maker may have taken in fixes of later releases."""
+        return self.release is not None and not _PLAIN_RELEASE.fullmatch(self.release)
+
+    @property
     def has_xe_peer_fix(self) -> bool | None:
-        return None if self.version is None else facts.kernel_has_xe_fix(self.version)
+        """Whether it carries #916's xe fix: 7.1 or later does; an earlier plain release
+        does not; an earlier distribution build may (llm-scaler #618's reporter served TP 2
+        with P2P on Ubuntu's 7.0.0-29, compute-runtime #968), so it is not known."""
+        if self.version is None:
+            return None
+        if facts.kernel_has_xe_fix(self.version):
+            return True
+        return None if self.distribution_build else False
 
 
 def kernel(sysroot: Path) -> Kernel:
@@ -262,6 +276,8 @@ def xe_peer_oom(
         unknown.append("the compute-runtime version")
     if running is None or running.version is None:
         unknown.append("the kernel release")
+    elif running.has_xe_peer_fix is None:
+        unknown.append(f"whether distribution kernel {running.release} carries the xe fix")
     if p2p is None:
         unknown.append(PEER_ACCESS_UNKNOWN)
     return XePeerOom(

@@ -71,7 +71,7 @@ class Inputs:
     gpus_in_context: int = 0
     battlemage_in_context: int = 0
     runtime: driver.Runtime | None = None
-    kernel: tuple[int, int] | None = None
+    kernel: driver.Kernel | None = None
     defer_backing_off: bool = False
     peer_access_off: bool = False
     p2p: bool | None = None  # peer access between the GPUs; None: not known
@@ -126,7 +126,7 @@ class Inputs:
         return driver.xe_peer_oom(
             self.gpus_in_context,
             self.runtime,
-            driver.Kernel(None, self.kernel),
+            self.kernel,
             self.peer_access_off,
             self.p2p,
         )
@@ -297,7 +297,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
                 0.0,
                 f"{inp.gpus_in_context} Intel GPUs in one context, compute-runtime "
                 f"{inp.runtime.version if inp.runtime else 'unknown'}, kernel "
-                f"{'.'.join(map(str, inp.kernel)) if inp.kernel else 'unknown'}: every device "
+                f"{(inp.kernel.release if inp.kernel else None) or 'unknown'}: every device "
                 f"allocation fails ({dfacts.XE_PEER_OOM_THREAD}){known}",
             )
         )

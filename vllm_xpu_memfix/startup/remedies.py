@@ -223,7 +223,7 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
                 codes.KERNEL_7_1,
                 "Linux 7.1 or newer on the host (a container runs on the host's kernel)",
                 "a kernel upgrade; P2P kept; does not remove the host copy",
-                replace(inp, kernel=dfacts.KERNEL_FIXED),
+                replace(inp, kernel=driver.Kernel("7.1", dfacts.KERNEL_FIXED)),
             )
         )
     # Staging matters where it is the whole shard, or where the load is what runs out.

@@ -78,7 +78,7 @@ class Machine:
     battlemage_visible: int
     device_bytes: float | None
     runtime: driver.Runtime | None
-    kernel: tuple[int, int] | None
+    kernel: driver.Kernel | None
     # The serving processes' environment, with what the driver guard sets there.
     environ: Mapping[str, str] = field(default_factory=dict)
     room: float | None = None

@@ -92,7 +92,7 @@ class Measurement:
             battlemage_visible=self.visible_battlemage,
             device_bytes=float(self.device_bytes) if self.device_bytes else None,
             runtime=self.runtime,
-            kernel=self.kernel.version if self.kernel else None,
+            kernel=self.kernel,
             environ=self.effective_env(),
             room=None if unknown_room else float(room or 0),
             swap=float(self.snap.swap_free or 0),
