@@ -25,7 +25,7 @@ cannot take it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm_xpu_memfix.core.units import GiB, MiB
 from vllm_xpu_memfix.intel import catalog, driver
@@ -186,8 +186,10 @@ class Outcome:
     fails_at: dict[str, str] | None
     why: str
     main_cause: str
-    host_judged: bool = True
-    notes: list[str] = field(default_factory=list)
+
+    @property
+    def host_judged(self) -> bool:
+        return self.inputs.room is not None
 
     @property
     def device_judged(self) -> bool:
@@ -378,19 +380,14 @@ def run(inp: Inputs) -> Outcome:
     #916 with peer access known); a failure not known to come is named in ``why``."""
     phases = _phases(inp)
     causes = _causes(inp, phases)
-    host_judged = inp.room is not None
     if 0 < inp.gpus_in_context < inp.tp:
         at = {"phase": codes.LOAD, "where": codes.DEVICE}
         why = f"TP {inp.tp} with {inp.gpus_in_context} GPU(s) visible: vLLM refuses to start"
-        return Outcome(
-            inp, phases, causes, codes.WILL_FAIL, at, why, codes.TP_EXCEEDS_GPUS, host_judged
-        )
+        return Outcome(inp, phases, causes, codes.WILL_FAIL, at, why, codes.TP_EXCEEDS_GPUS)
     if inp.peer_oom:
         at = {"phase": codes.LOAD, "where": codes.DEVICE}
         why = "compute-runtime #916: every device allocation fails"
-        return Outcome(
-            inp, phases, causes, codes.WILL_FAIL, at, why, codes.XE_PEER_CONTEXT_OOM, host_judged
-        )
+        return Outcome(inp, phases, causes, codes.WILL_FAIL, at, why, codes.XE_PEER_CONTEXT_OOM)
     worst, why, side = codes.FITS, "", None
     for name, phase in phases.items():
         for where, judge in ((codes.DEVICE, _judge_device), (codes.HOST, _judge_host)):
@@ -405,7 +402,6 @@ def run(inp: Inputs) -> Outcome:
                     at,
                     f"{where} at {name}: {share}",
                     _main_cause(causes, where),
-                    host_judged,
                 )
             if judged == codes.AT_RISK and worst == codes.FITS:
                 worst, why, side = codes.AT_RISK, f"{where} at {name}: {share}", where
@@ -414,4 +410,4 @@ def run(inp: Inputs) -> Outcome:
         # Not known to hold: named, with what is unknown, but the verdict stays memory's.
         possible = f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown"
         why = f"{why}; {possible}" if why else possible
-    return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side), host_judged)
+    return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side))

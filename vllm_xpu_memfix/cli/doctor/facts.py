@@ -72,10 +72,6 @@ class Measurement:
     def visible_battlemage(self) -> int:
         return sum(g.is_battlemage for g in self.visible)
 
-    @property
-    def runtime_affected(self) -> bool:
-        return self.runtime is None or self.runtime.pins_host_copy
-
     def effective_env(self) -> dict[str, str]:
         """The serving processes' environment, with what the driver guard sets."""
         env = dict(self.environ)

@@ -86,7 +86,7 @@ def gpu_section(measured: Measurement) -> dict[str, Any]:
         "compute_runtime": f"{runtime.version} ({runtime.source})"
         if runtime
         else ("not given" if measured.described else "not found"),
-        "runtime_pins_host_copy": measured.runtime_affected,
+        "runtime_pins_host_copy": runtime.pins_host_copy if runtime else None,
         "p2p": measured.p2p,
         "kernel": (measured.kernel.release if measured.kernel else None) or "unknown",
         "level_zero_loader": measured.level_zero_loader or "not found",
