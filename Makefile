@@ -1,7 +1,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint upstream-check
+.PHONY: setup demo test test-fast lint upstream-check
 
 setup:
 	./scripts/setup.sh
@@ -21,3 +21,8 @@ upstream-check: setup
 
 test: lint upstream-check
 	$(BIN)/pytest -v --durations=15
+
+# Everything but the tests that start a real vLLM server, engine or Ray cluster: the
+# start-up model, doctor, the fixes' units and the recorded data, in a few minutes.
+test-fast: lint
+	$(BIN)/pytest -q -m "not server" --durations=10

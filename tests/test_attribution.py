@@ -51,7 +51,7 @@ def snap(
     )
 
 
-def test_driver_mirror_memory_available_falls_with_no_process_growth():
+def test_driver_host_copy_memory_available_falls_with_no_process_growth():
     # 4 x 0.92 x 31.89 GiB pinned by the driver: MemAvailable falls, RSS and PSS stay flat.
     start, end = snap(), snap(available=100 * GiB - 29 * GiB)
     a = attribute(start, end, tree_anon_pss_start=6 * GiB, tree_anon_pss_end=6 * GiB + (50 << 20))

@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 
 from vllm_xpu_memfix import cli
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM
 from vllm_xpu_memfix.memory.attribution import attribute
 from vllm_xpu_memfix.memory.checkpoint import DTYPE_BITS, INDEX_NAME
 from vllm_xpu_memfix.memory.ledger import Ledger
 from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.startup.staging import STAGING_BYTES_PER_PARAM
 
 MiB = 1024**2
 # A valid small checkpoint: three tensors, 35 bytes of data.
@@ -764,7 +764,7 @@ def test_the_recorded_demo_does_not_blame_staging_for_the_kv_cache():
         "attribution since process start: anon +1,030 MiB (known: KV cache 1,024 MiB, "
         "weights 0.4 MiB; unexplained +6 MiB), file +14 MiB, page cache +3 MiB, outside any "
         "process +322 MiB; likely cause: memory outside the vLLM processes: other processes "
-        "on the host or the kernel (vLLM's CPU backend: no GPU driver to pin a mirror)"
+        "on the host or the kernel (vLLM's CPU backend: no GPU driver to pin a host copy)"
     )
     first, last = ledger.entries[0], ledger.entries[-1]
     blind = attribute(first.snapshot, last.snapshot, first.tree_anon_pss, last.tree_anon_pss)

@@ -355,7 +355,7 @@ ROWS = {
         ("WARNING", (*SET_IT, *OOM)),
         ("ERROR", (*TOO_LATE, *OOM)),
         kernel=KERNEL_6,
-        oom="certain",
+        oom="not ruled out",
     ),
     "#916 condition on kernel 7.1": Row(
         (B70, B70),
@@ -372,7 +372,7 @@ ROWS = {
         ("WARNING", ("driver guard set nothing", *OOM)),
         ("WARNING", ("driver guard set nothing", *OOM)),
         kernel=KERNEL_6,
-        oom="certain",
+        oom="not ruled out",
     ),
     "compute-runtime 26.05": Row(
         (B70, B70),
@@ -390,7 +390,7 @@ ROWS = {
         ("WARNING", ("driver guard set nothing", *OOM)),
         runtime="26.05.37020.3",
         kernel=KERNEL_6,
-        oom="certain",
+        oom="not ruled out",
     ),
     "compute-runtime 26.14": Row(
         (B70,) * 4,
@@ -432,7 +432,7 @@ ROWS = {
         ("WARNING", (MIXED, *OOM)),
         ("WARNING", (MIXED, *OOM)),
         kernel=KERNEL_6,
-        oom="certain",
+        oom="not ruled out",
     ),
     "two Battlemage beside an A770": Row(
         (B70, A770, B70),

@@ -112,8 +112,10 @@ def test_a_value_the_driver_would_not_take_is_named_and_treated_as_absent(name, 
 @pytest.mark.parametrize(
     "release, version, fixed",
     [
-        ("6.14.0-37-generic", (6, 14), False),
-        ("7.0.3-1-MANJARO", (7, 0), False),
+        ("6.14.0-37-generic", (6, 14), None),  # a distribution build may carry the fix
+        ("7.0.3-1-MANJARO", (7, 0), None),
+        ("6.14.0", (6, 14), False),  # a plain release before 7.1 does not
+        ("7.0", (7, 0), False),
         ("7.1.0-rc1", (7, 1), True),
         ("7.1.8-arch1-1", (7, 1), True),
         ("10.2.0", (10, 2), True),
@@ -169,24 +171,29 @@ RT_26_14 = driver.runtime_from_version("26.14.37833.4", "t")
 RT_26_27 = driver.runtime_from_version("26.27.39122.10", "t")
 
 
+PEER = driver.PEER_ACCESS_UNKNOWN
+
+
 @pytest.mark.parametrize(
-    "gpus, runtime, kernel, peer_off, unknown",
+    "gpus, runtime, kernel, peer_off, p2p, unknown",
     [
-        (2, RT_26_14, KERNEL_6, False, ()),
-        (1, RT_26_14, KERNEL_6, False, None),
-        (2, RT_26_14, KERNEL_7_1, False, None),
-        (2, RT_26_27, KERNEL_6, False, None),
-        (2, RT_26_14, KERNEL_6, True, None),
-        (3, None, KERNEL_6, False, ("the compute-runtime version",)),
-        (2, RT_26_14, driver.kernel_from_release("odd"), False, ("the kernel release",)),
-        (2, None, None, False, ("the compute-runtime version", "the kernel release")),
-        (2, RT_26_27, None, False, None),  # one part known not to hold rules it out
+        (2, RT_26_14, KERNEL_6, False, True, ()),
+        (2, RT_26_14, KERNEL_6, False, None, (PEER,)),  # peer access not known: possible
+        (2, RT_26_14, KERNEL_6, False, False, None),  # no peer access: no peer imports
+        (1, RT_26_14, KERNEL_6, False, True, None),
+        (2, RT_26_14, KERNEL_7_1, False, True, None),
+        (2, RT_26_27, KERNEL_6, False, True, None),
+        (2, RT_26_14, KERNEL_6, True, True, None),
+        (3, None, KERNEL_6, False, True, ("the compute-runtime version",)),
+        (2, RT_26_14, driver.kernel_from_release("odd"), False, True, ("the kernel release",)),
+        (2, None, None, False, None, ("the compute-runtime version", "the kernel release", PEER)),
+        (2, RT_26_27, None, False, None, None),  # one part known not to hold rules it out
     ],
 )
 def test_compute_runtime_916_is_ruled_out_by_any_part_and_unknown_only_where_the_rest_holds(
-    gpus, runtime, kernel, peer_off, unknown
+    gpus, runtime, kernel, peer_off, p2p, unknown
 ):
-    oom = driver.xe_peer_oom(gpus, runtime, kernel, peer_off)
+    oom = driver.xe_peer_oom(gpus, runtime, kernel, peer_off, p2p)
     assert (None if oom is None else oom.unknown) == unknown
     if oom is not None:
         assert oom.certain is (unknown == ()) and oom.intel_gpus == gpus

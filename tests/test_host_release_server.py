@@ -100,43 +100,56 @@ def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env
     raise AssertionError(f"no worker ledger for {case}/{release}:\n{log[-3000:]}")
 
 
-def test_release_lowers_worker_memory_in_every_case_and_leaves_no_staging(
-    serve, one_b_model, tmp_path
-):
+@pytest.fixture(scope="module")
+def ready_rows() -> dict[tuple[str, str], dict]:
+    """Each (case, release) server's row, run once for the module: the per-case tests and
+    the cross-case one share them."""
+    return {}
+
+
+def cached_row(rows, serve, model, tmp_path, case: str, release: str) -> dict:
+    if (case, release) not in rows:
+        rows[case, release] = ready_row(serve, model, tmp_path, case, release)
+    return rows[case, release]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_release_lowers_worker_memory(serve, one_b_model, tmp_path, ready_rows, case):
     from helpers.cpu_gemm import cpu_features, vllm_prepacks
 
+    on = cached_row(ready_rows, serve, one_b_model, tmp_path, case, "on")
+    off = cached_row(ready_rows, serve, one_b_model, tmp_path, case, "off")
+    assert "host release: RssAnon" in on["log"] and "host release" not in off["log"]
+    prepacked = vllm_prepacks(VOCAB_DTYPE[case])
+    assert ("unused vocab copies released 2" in on["log"]) is prepacked, cpu_features()
+    saved = (off["ready"] - on["ready"]) / MiB
+    figures = (
+        f"{case} ({cpu_features()}): ready on {on['ready'] / MiB:.0f}, "
+        f"off {off['ready'] / MiB:.0f} MiB; above process start on "
+        f"{on['above_start'] / MiB:.0f}, off {off['above_start'] / MiB:.0f} MiB"
+    )
+    print(figures)
+    # Process start, weights and KV cache are the same in both arms, so comparing what is
+    # above process start compares what is above all three.
+    assert on["above_start"] <= off["above_start"] + SAME_MIB * MiB, figures
+    if prepacked or case != "bf16":
+        assert saved >= MARGIN_MIB, figures
+    else:
+        assert "no unused vocab copies: vLLM's CPU GEMM kept no packed copy" in on["log"]
+
+
+def test_release_leaves_no_int4_staging(serve, one_b_model, tmp_path, ready_rows):
+    """With the fix on, the int4 stand-in keeps no more beyond its own (smaller) weights than
+    the bf16 case does: its host staging is gone."""
     from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
 
-    results = {}
-    for case in CASES:
-        on = ready_row(serve, one_b_model, tmp_path, case, "on")
-        off = ready_row(serve, one_b_model, tmp_path, case, "off")
-        results[case] = (on["ready"], off["ready"])
-        assert "host release: RssAnon" in on["log"] and "host release" not in off["log"]
-        prepacked = vllm_prepacks(VOCAB_DTYPE[case])
-        assert ("unused vocab copies released 2" in on["log"]) is prepacked, cpu_features()
-        saved = (off["ready"] - on["ready"]) / MiB
-        figures = (
-            f"{case} ({cpu_features()}): ready on {on['ready'] / MiB:.0f}, "
-            f"off {off['ready'] / MiB:.0f} MiB; above process start on "
-            f"{on['above_start'] / MiB:.0f}, off {off['above_start'] / MiB:.0f} MiB"
-        )
-        print(figures)
-        # Process start, weights and KV cache are the same in both arms, so comparing what is
-        # above process start compares what is above all three.
-        assert on["above_start"] <= off["above_start"] + SAME_MIB * MiB, figures
-        if prepacked or case != "bf16":
-            assert saved >= MARGIN_MIB, figures
-        else:
-            assert "no unused vocab copies: vLLM's CPU GEMM kept no packed copy" in on["log"]
-
-    # With the fix on, the int4 stand-in keeps no more beyond its own (smaller) weights than
-    # the bf16 case does: its host staging is gone.
+    bf16 = cached_row(ready_rows, serve, one_b_model, tmp_path, "bf16", "on")["ready"]
+    int4 = cached_row(ready_rows, serve, one_b_model, tmp_path, "int4", "on")["ready"]
     ckpt = read_checkpoint(one_b_model)
     linear = sum(t.nbytes for t in ckpt.tensors if t.is_linear_weight)
     int4_weights = ckpt.total_bytes - linear + int(linear / 2 * (0.5 + 2 / 128))
-    overhead_bf16 = results["bf16"][0] - ckpt.total_bytes
-    overhead_int4 = results["int4"][0] - int4_weights
+    overhead_bf16 = bf16 - ckpt.total_bytes
+    overhead_int4 = int4 - int4_weights
     assert overhead_int4 <= 1.05 * overhead_bf16, (overhead_int4 / MiB, overhead_bf16 / MiB)
 
 

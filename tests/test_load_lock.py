@@ -66,20 +66,34 @@ def room_settings(tmp_path, sysroot, **more):
     )
 
 
+def cpu_staging(params: int) -> float:
+    """A rank's staging as the lock plans it for one BF16 sym_int4 layer of ``params`` on
+    the CPU test bed: startup.staging's figure, plus the converted weight, which stays in
+    host memory where the device is the CPU."""
+    from vllm_xpu_memfix.intel.catalog import ONE_LAYOUT
+    from vllm_xpu_memfix.startup import staging
+
+    return staging.per_rank(params, shard_bytes=2 * params) + params * ONE_LAYOUT
+
+
 def test_a_shard_buffered_on_the_host_sizes_the_slots_from_the_room(tmp_path):
-    """The model stages 0.25 MiB per rank: a 96 MiB room holds 4 ranks' (0.8 x 96 / 0.375 =
-    204), so 8 ranks load 204 at a time -> all 8, no lock; 300 ranks get 204 slots."""
+    """The model stages one 256 x 512 BF16 layer per rank (1.1 MiB with its temporaries and
+    converted weight): a 96 MiB room holds 67 ranks' at 0.8 of it, so 8 ranks load at once,
+    no lock; 300 ranks get 67 slots."""
+    per_rank = cpu_staging(256 * 512)
+    fits = int(96 * 2**20 * 0.8 // per_rank)
+    assert fits == 67
     settings = room_settings(tmp_path, FULL)
     slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=8))
     assert slots is None and "-> 8 slot(s)" in why and "load unserialised" in why
-    assert host_room(FULL).describe() in why and "0.2 MiB per rank" in why
+    assert host_room(FULL).describe() in why and f"{per_rank / 2**20:,.1f} MiB per rank" in why
     settings = room_settings(tmp_path / "other", FULL)
     slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=300))
-    assert slots == 204 and "the room holds 204 of the 300 ranks' staging" in why
+    assert slots == fits and f"the room holds {fits} of the 300 ranks' staging" in why
 
 
 def test_a_tight_container_gives_one_slot_through_the_section(tmp_path, caplog):
-    big = model_with("cpu")  # 2 x 64 MiB staged: 192 MiB peak per rank, 96 MiB of room
+    big = model_with("cpu")  # 64 MiB staged and ~230 MiB of temporaries; 96 MiB of room
     big.layer.weight = torch.nn.Parameter(torch.empty(1024, 32768, dtype=torch.bfloat16))
     section = load_lock.LoadSection(room_settings(tmp_path, FULL))
     with caplog.at_level(logging.INFO):
@@ -90,7 +104,9 @@ def test_a_tight_container_gives_one_slot_through_the_section(tmp_path, caplog):
     finally:
         section.leave()
     line = next(r.getMessage() for r in caplog.records if "sized from the room" in r.getMessage())
-    assert "room 96 MiB" in line and "64.0 MiB per rank" in line and "-> 1 slot(s)" in line
+    per_rank = cpu_staging(1024 * 32768)
+    assert "room 96 MiB" in line and f"{per_rank / 2**20:,.1f} MiB per rank" in line
+    assert "-> 1 slot(s)" in line
 
 
 def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
@@ -107,7 +123,10 @@ def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
         section.leave()
     warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "room unknown" in warning and "memory.max" in warning and "conservative" in warning
-    assert "0.2 MiB per rank" in warning and "-> 1 slot(s)" in warning
+    assert (
+        f"{cpu_staging(256 * 512) / 2**20:,.1f} MiB per rank" in warning
+        and "-> 1 slot(s)" in warning
+    )
 
 
 def test_the_flag_and_explicit_slots_win_over_the_room(tmp_path):

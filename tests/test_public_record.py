@@ -63,7 +63,7 @@ REMEDIES = {
 }
 # The host-file keys of issue 32, part 1. No [plugin]: these reporters ran without the plugin.
 HOST_KEYS = {
-    "host": {"ram_gib", "available_gib", "swap_gib", "cgroup_limit_gib", "kernel"},
+    "host": {"ram_gib", "available_gib", "swap_gib", "cgroup_limit_gib", "kernel", "p2p"},
     "gpu": {"model", "pci_id", "count", "memory_gib"},
     "driver": {"compute_runtime"},
     "image": {"name"},
@@ -129,6 +129,12 @@ DOCTOR_DISAGREES = {
     ("cause", "llm-scaler-703-4xb70-swap-util092"): (
         f"sampler_burst needs the vocabulary: {NO_CONFIG}"
     ),
+    ("verdict", "llm-scaler-382-2xb70-online-fp8-tp2"): (
+        "the corpus assumed compute-runtime #916 ('will fail'); the thread states neither peer "
+        "access between the B70s nor that every allocation failed (the weights loaded), so "
+        "doctor names #916 only as possible and judges the memory, which fits"
+    ),
+    ("fails_at", "llm-scaler-382-2xb70-online-fp8-tp2"): "as its verdict",
     ("verdict", "vllm-41663-2xb70-online-fp8-64gb"): (
         "no image is given, so doctor takes the per-layer load, and --params gives no unit "
         "size; the cause (staging) is the commenter's explanation, not a measurement"

@@ -35,7 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER_PATH = os.pathsep.join([str(REPO), str(REPO / "tests")])
 GUARD_LINE = "set NEOReadDebugKeys=1 EnableDeferBacking=0 in this"
 UNSET = {"NEOReadDebugKeys": None, "EnableDeferBacking": None}
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+    pytest.mark.server,  # a real Ray cluster: slow, so out of `make test-fast`
+]
 
 
 @pytest.fixture(scope="session")

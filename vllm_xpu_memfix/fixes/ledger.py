@@ -3,7 +3,7 @@
 Problem
     Users of vLLM on Intel GPUs see host RAM fill up during start-up
     (llm-scaler #703, vllm #50269) and cannot tell which of several causes did
-    it: a driver-pinned host mirror of device memory that no process owns,
+    it: a driver-pinned host copy of device memory that no process owns,
     weight staging, allocator retention, page cache or live references.
 Mechanism
     From the moment vLLM builds the worker object, takes a snapshot of kernel

@@ -1,7 +1,7 @@
 """Which cause explains host-memory growth between two snapshots. Pure functions.
 
 The causes are those of the project's root-cause notes: a driver-pinned host
-mirror of device memory (cause 1) shows as memory the host committed that no process
+copy of device memory (cause 1) shows as memory the host committed that no process
 maps; weight staging, allocator retention and live references (causes 2, 4, 5) show
 as anonymous memory of the process; checkpoint page cache and mmap (cause 3) show as
 file pages.
@@ -19,7 +19,7 @@ Before a cause is named, the parts the ledger knows are taken out of the process
 anonymous growth: vLLM's KV cache where it lives in host memory (vLLM's CPU backend,
 at vLLM's own byte figure) and the model's weights held in host memory. Only what
 remains is blamed on staging, retention or references. On vLLM's CPU backend no GPU
-driver can pin a mirror, so memory outside the vLLM processes is not blamed on one.
+driver can pin a host copy, so memory outside the vLLM processes is not blamed on one.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ CAUSES = {
     "outside_other": "memory outside the vLLM processes that the driver does not hold: other "
     "processes on the host or the kernel",
     "outside_no_gpu": "memory outside the vLLM processes: other processes on the host or the "
-    "kernel (vLLM's CPU backend: no GPU driver to pin a mirror)",
+    "kernel (vLLM's CPU backend: no GPU driver to pin a host copy)",
     "file": "file pages: checkpoint page cache or mmap (cause 3)",
     "imports_no_copy": "peer imports of device memory are present, but the host holds no "
     "copy of them (the driver's pinning is off, e.g. NEOReadDebugKeys=1 EnableDeferBacking=0, "

@@ -5,7 +5,7 @@ vLLM's own lists come from the installed vLLM's source, read with :mod:`ast` (im
 them would start torch): ``QuantizationMethods`` in
 ``vllm/model_executor/layers/quantization/__init__.py`` and ``ModelDType`` in
 ``vllm/config/model.py`` (both ``Literal`` types in vLLM 0.32). To them doctor adds the
-on-the-fly formats of Intel's images that it models (``predict.ON_THE_FLY_QUANT``:
+on-the-fly formats of Intel's images that it models (``startup.sizing.ON_THE_FLY_QUANT``:
 ``sym_int4`` and kin, which upstream vLLM lacks). Without a vLLM here to read, the dtypes
 are those doctor sizes (``memory.checkpoint.TORCH_DTYPES`` and ``auto``), and a
 quantization name is taken unchecked, which the report says.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 
 from vllm_xpu_memfix.cli import compat
-from vllm_xpu_memfix.cli.doctor.predict import ON_THE_FLY_QUANT
 from vllm_xpu_memfix.memory.checkpoint import TORCH_DTYPES
+from vllm_xpu_memfix.startup.sizing import ON_THE_FLY_QUANT
 
 QUANTIZATION_SOURCE = ("vllm.model_executor.layers.quantization", "QuantizationMethods")
 DTYPE_SOURCE = ("vllm.config.model", "ModelDType")
