@@ -20,8 +20,9 @@ MAY_IMPORT = {
     "vllm_code": {"core"},
     "memory": {"core"},
     "intel": {"core", "kernels", "memory"},
-    "fixes": {"core", "vllm_code", "intel", "memory", "kernels"},
-    "cli": {"core", "vllm_code", "intel", "memory", "kernels", "fixes", "__init__"},
+    "startup": {"core", "intel", "memory"},
+    "fixes": {"core", "vllm_code", "intel", "memory", "kernels", "startup"},
+    "cli": {"core", "vllm_code", "intel", "memory", "kernels", "startup", "fixes", "__init__"},
 }
 LINE_LIMIT = 500
 

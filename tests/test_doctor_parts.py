@@ -8,16 +8,19 @@ from dataclasses import replace
 
 from hosts import B70, build_host
 
-from vllm_xpu_memfix.cli.doctor import advice, facts, model, predict, remedies, render
+from vllm_xpu_memfix.cli.doctor import advice, facts, outcome_for, render, sections
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes.driver_env import GUARD_ENV, Decision
 from vllm_xpu_memfix.intel.driver import Gpu, kernel_from_release
 from vllm_xpu_memfix.memory.checkpoint import checkpoint_from_params
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
+from vllm_xpu_memfix.startup import phases, remedies
+from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 GiB = 1024**3
-TP4 = facts.ServeArgs(model=None, tensor_parallel_size=4, gpu_memory_utilization=0.9)
+BASELINE = phases.BASELINE_PER_RANK
+TP4 = ServeArgs(model=None, tensor_parallel_size=4, gpu_memory_utilization=0.9)
 
 
 def four_b70(room_gib: float = 64, guard_applies: bool = False) -> facts.Measurement:
@@ -59,59 +62,61 @@ def test_facts_read_the_gpus_device_memory_and_room_from_a_host_tree(tmp_path):
 
 
 def test_facts_take_a_bare_parameter_count_in_the_dtype_asked_for():
-    ckpt, label = facts.read_model(facts.ServeArgs(model=None, params=10**9, dtype="float16"))
+    ckpt, label = facts.read_model(ServeArgs(model=None, params=10**9, dtype="float16"))
     assert label == "--params" and ckpt is not None
     assert (ckpt.dtype, ckpt.total_bytes) == ("F16", 2 * 10**9)
-    assert facts.read_model(facts.ServeArgs(model=None)) == (None, "")
+    assert facts.read_model(ServeArgs(model=None)) == (None, "")
 
 
 def test_facts_give_the_load_slots_the_switch_and_the_flag_ask_for():
     room = Room(64 * GiB, CgroupMemory())
     on = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "on"})
     off = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "off"})
-    assert facts.load_slots(on, TP4, False, room, 0.0) == 1
-    assert facts.load_slots(off, TP4, True, room, 0.0) is None
+    assert facts.load_slots(on, TP4, False, room, None) == 1
+    assert facts.load_slots(off, TP4, True, room, None) is None
     flagged = replace(TP4, max_parallel_loading_workers=2)
-    assert facts.load_slots(on, flagged, False, room, 0.0) == 2
+    assert facts.load_slots(on, flagged, False, room, None) == 2
 
 
-def test_predict_counts_the_mirror_on_each_rank_until_the_guard_applies():
-    estimate = predict.decide(four_b70(), TP4, {})
-    mirror = 32 * GiB * 0.9
-    assert estimate.mirror_active and estimate.per_rank["driver_mirror"] == mirror
-    phases = estimate.outcome.phases
-    assert phases["kv_cache"].host == 4 * (mirror + predict.BASELINE_PER_RANK)
-    warmup = mirror + model.WARMUP_OUTSIDE_TORCH  # no model: no sampler burst
-    assert phases["warmup"].host == 4 * (warmup + predict.BASELINE_PER_RANK)
-    assert estimate.need == phases["warmup"].host
-    assert (estimate.verdict, estimate.main_cause) == ("will run out of memory", "driver mirror")
-    assert estimate.outcome.fails_at == {"phase": "kv_cache", "where": "host"}
+def test_the_model_counts_the_host_copy_on_each_rank_until_the_guard_applies():
+    out = outcome_for(four_b70(), TP4)
+    copy = 32 * GiB * 0.9
+    assert out.inputs.host_copy and sections.per_rank_section(out)["host_copy"] == copy
+    assert out.phases["kv_cache"].host == 4 * (copy + BASELINE)
+    # The copy is of device memory: never more than the 32 GiB the device holds.
+    warmup = min(copy + phases.WARMUP_OUTSIDE_TORCH, 32 * GiB)  # no model: no sampler burst
+    assert out.phases["warmup"].host == 4 * (warmup + BASELINE)
+    assert (out.verdict, out.main_cause) == ("will run out of memory", "driver_host_copy")
+    assert out.fails_at == {"phase": "kv_cache", "where": "host"}
+    assert out.why.startswith("host at kv_cache: ") and "of the host's room" in out.why
 
-    guarded = predict.decide(four_b70(guard_applies=True), TP4, {})
-    assert not guarded.mirror_active and guarded.per_rank["driver_mirror"] == 0
-    assert guarded.need == 4 * predict.BASELINE_PER_RANK
-    assert (guarded.verdict, guarded.main_cause) == ("fits", "process baseline")
+    guarded = outcome_for(four_b70(guard_applies=True), TP4)
+    assert not guarded.inputs.host_copy
+    assert sections.per_rank_section(guarded)["host_copy"] == 0
+    assert guarded.host_need == 4 * BASELINE
+    assert (guarded.verdict, guarded.main_cause) == ("fits", "process_baseline")
 
 
-def test_predict_lets_only_the_ranks_with_a_load_slot_stage_a_legacy_shard():
+def test_the_model_lets_only_the_ranks_with_a_load_slot_stage_a_legacy_shard():
     ckpt = checkpoint_from_params(8 * 10**9, "BF16")
     measured = replace(
         four_b70(guard_applies=True), ckpt=ckpt, legacy=(True, "legacy"), load_slots=1
     )
     args = replace(TP4, quantization="sym_int4")
-    estimate = predict.decide(measured, args, {})
+    out = outcome_for(measured, args)
     shard = ckpt.total_bytes / 4
-    assert estimate.per_rank["quantization_staging"] == shard
-    assert estimate.causes["quantization staging"] == shard  # one rank at a time, not four
-    assert "lets 1 of 4 ranks stage at once" in estimate.staging_why
+    unit = out.inputs.unit_params / 4 * 6.515625  # the unit's temporaries (startup.staging)
+    assert out.inputs.staging == shard + unit
+    staged = {c.code: c.gib for c in out.causes}["quant_staging"]
+    assert staged * GiB == shard + unit  # one rank at a time, not four
 
-    unlocked = predict.decide(replace(measured, load_slots=None), args, {})
-    assert unlocked.causes["quantization staging"] == 4 * shard
+    unlocked = outcome_for(replace(measured, load_slots=None), args)
+    assert {c.code: c.gib for c in unlocked.causes}["quant_staging"] * GiB == 4 * (shard + unit)
 
 
 def test_remedies_put_the_guard_first_and_find_the_utilisation_that_fits():
     measured = four_b70(room_gib=80)
-    ranked = remedies.remedies(measured, predict.decide(measured, TP4, {}).outcome)
+    ranked = remedies.remedies(outcome_for(measured, TP4)).remedies
     assert [r.code for r in ranked] == [
         "driver_guard",
         "gpu_memory_utilization",
@@ -121,25 +126,30 @@ def test_remedies_put_the_guard_first_and_find_the_utilisation_that_fits():
     ]
     assert {r.after.verdict for r in ranked} == {"fits"}
     assert ranked[0].what.startswith("VLLM_XPU_MEMFIX_DRIVER_ENV=auto (or on): the plugin's")
-    assert ranked[0].after.host_need == 4 * predict.BASELINE_PER_RANK
+    assert ranked[0].after.host_need == 4 * BASELINE
     # 4 x (u x 32 GiB + 0.5 GiB warm-up) + 14 GiB within 0.85 x 80 GiB: u = 0.40.
     assert ranked[1].what == "--gpu-memory-utilization 0.40"
     assert ranked[1].after.host_need == 4 * (0.4 * 32 * GiB + 0.5 * GiB + 3.5 * GiB)
 
-    user_set = replace(measured, guard=Decision(False, "user", user_set={"NEOReadDebugKeys": "0"}))
-    first = remedies.remedies(user_set, predict.decide(user_set, TP4, {}).outcome)[0]
+    context = remedies.Context(user_set={"NEOReadDebugKeys": "0"})
+    first = remedies.remedies(outcome_for(measured, TP4), context).remedies[0]
     assert first.what.startswith("unset NEOReadDebugKeys: the plugin's driver guard then sets")
+
+    without = remedies.remedies(outcome_for(replace(measured, plugin=False), TP4), context)
+    assert "the plugin's driver guard then" not in without.remedies[0].what
+    assert without.remedies[0].what.startswith("set NEOReadDebugKeys=1 EnableDeferBacking=0")
 
 
 def test_remedies_fall_back_to_more_ram_and_notes_an_unreadable_room():
     measured = replace(
         four_b70(guard_applies=True), room=Room(None, CgroupMemory(problem="denied"))
     )
-    estimate = predict.decide(measured, TP4, {})
-    assert estimate.verdict == "will run out of memory"
-    (more,) = remedies.remedies(measured, estimate.outcome)
+    out = outcome_for(measured, TP4)
+    assert out.verdict == "will run out of memory"
+    judged = remedies.remedies(out, remedies.Context(room=measured.room))
+    (more,) = judged.remedies
     assert more.code == "more_host_ram" and more.after.verdict == "fits"
-    assert advice.notes_for(measured, estimate, TP4) == [
+    assert advice.notes_for(measured, out, TP4) == [
         "the host's room could not be read (cgroup unreadable (denied)): taken as 0"
     ]
 
@@ -171,20 +181,20 @@ def hand_built_report() -> render.Report:
         model=None,
         per_rank={
             "device_use": 0.0,
-            "driver_mirror": 0.0,
+            "host_copy": 0.0,
             "quantization_staging": 512 * 2**20,
             "process_baseline": 3.5 * GiB,
         },
         total={"host_need": 4 * GiB, "page_cache": 0.0},
         verdict="will run out of memory",
-        main_cause="process baseline",
-        changes=["add host RAM"],
+        main_cause="process_baseline",
+        why="host at load: 130% of the host's room",
         notes=["hand-built"],
     )
 
 
 def test_render_writes_each_section_and_the_verdict_with_its_changes():
-    text = render.render(hand_built_report(), facts.ServeArgs(model=None))
+    text = render.render(hand_built_report(), ServeArgs(model=None))
     lines = text.splitlines()
     assert "  no Intel GPU found in sysfs" in lines
     assert "  (none of the relevant variables is set)" in lines
@@ -192,9 +202,9 @@ def test_render_writes_each_section_and_the_verdict_with_its_changes():
     assert f"  {render.SELF_CHECK}: never run" in lines
     assert "  host: quant. staging   512 MiB" in lines
     assert "  host: process baseline 3.5 GiB" in lines
-    assert lines[-3:] == [
-        "Verdict: WILL RUN OUT OF MEMORY (largest part: process baseline)",
-        "  - add host RAM",
+    assert lines[-2:] == [
+        "Verdict: WILL RUN OUT OF MEMORY (host at load: 130% of the host's room; main cause: "
+        "process_baseline)",
         "  note: hand-built",
     ]
     assert "Model" not in lines

@@ -15,7 +15,8 @@ import pytest
 from hosts import qwen_27b_like
 
 from vllm_xpu_memfix import cli
-from vllm_xpu_memfix.cli.doctor import codes, model
+from vllm_xpu_memfix.startup import codes
+from vllm_xpu_memfix.startup import phases as model
 
 GiB = 1024**3
 # Qwen 27B's text config (model_type qwen3_5_text in llm-scaler #703): sizes as in
@@ -50,10 +51,13 @@ def machine(
     image: str | None = None,
     env: dict[str, str] | None = None,
     plugin: bool = False,
+    p2p: bool | None = None,
 ) -> str:
     lines = ["[host]", f"ram_gib = {ram}", f"available_gib = {ram - 8}", "swap_gib = 0"]
     if kernel:
         lines.append(f'kernel = "{kernel}"')
+    if p2p is not None:
+        lines.append(f"p2p = {str(p2p).lower()}")
     lines += ["[[gpu]]", f'model = "{gpu}"', f"count = {count}"]
     if runtime:
         lines += ["[driver]", f'compute_runtime = "{runtime}"']
@@ -115,7 +119,9 @@ def test_the_guard_variables_make_it_fit(tmp_path, qwen):
 
 
 def test_two_a770_on_an_old_kernel_will_fail_whatever_the_memory(tmp_path, qwen):
-    host = machine(tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4")
+    host = machine(
+        tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4", p2p=True
+    )
     report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
     assert report["verdict"] == codes.WILL_FAIL
     assert report["fails_at"] == {"phase": "load", "where": "device"}
@@ -130,9 +136,29 @@ def test_two_a770_on_an_old_kernel_will_fail_whatever_the_memory(tmp_path, qwen)
     assert on_7_1["verdict"] != codes.WILL_FAIL
     fixed = machine(tmp_path, "Arc A770", 2, kernel="6.14.0", runtime="26.22.38646.4")
     assert judge(fixed, str(qwen))["verdict"] != codes.WILL_FAIL
-    unknown = judge(machine(tmp_path, "Arc A770", 2, kernel=None, runtime="26.14"), str(qwen))
-    assert unknown["verdict"] == on_7_1["verdict"], "an unknown kernel does not move the verdict"
-    assert "possible" in cause(unknown, codes.XE_PEER_CONTEXT_OOM)["why"]
+    unknown = judge(
+        machine(tmp_path, "Arc A770", 2, kernel=None, runtime="26.14", p2p=True), str(qwen)
+    )
+    assert unknown["verdict"] != codes.WILL_FAIL, "an unknown kernel: #916 only possible"
+    assert "(possible: the kernel release not known" in cause(unknown, codes.XE_PEER_CONTEXT_OOM)[
+        "why"
+    ]
+
+
+def test_916_without_known_peer_access_is_possible_and_says_how_to_check(tmp_path, qwen):
+    """llm-scaler #618's shape: two GPUs, a runtime in #916's range, an old kernel, but
+    whether the GPUs reach each other is not known: at most at risk, never will fail."""
+    host = machine(tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4")
+    report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
+    assert report["verdict"] == codes.AT_RISK and report["fails_at"] is None
+    assert "peer access between the GPUs" in report["why"]
+    assert "can_device_access_peer" in cause(report, codes.XE_PEER_CONTEXT_OOM)["why"]
+    no_p2p = machine(
+        tmp_path, "Arc A770", 2, kernel="6.14.0-37-generic", runtime="26.14.37833.4", p2p=False
+    )
+    report = judge(no_p2p, str(qwen), "-tp", "2", "-q", "sym_int4")
+    assert report["verdict"] == codes.FITS
+    assert not [c for c in report["causes"] if c["code"] == codes.XE_PEER_CONTEXT_OOM]
 
 
 def test_0_21_b1_overcommits_the_device_with_its_second_int4_layout(tmp_path, qwen):
@@ -223,36 +249,35 @@ def test_remedies_rank_those_that_fit_first_then_by_cost():
         gpus_in_context=2,
         battlemage_in_context=2,
         kernel=(6, 14),
+        p2p=True,
         room=40 * GiB,
     )
-    from vllm_xpu_memfix.cli.doctor import remedies
     from vllm_xpu_memfix.intel import driver
+    from vllm_xpu_memfix.startup import remedies
 
     runtime = driver.runtime_from_version("26.14.37833.4", "test")
     out = model.run(replace(inputs, runtime=runtime))
     assert out.verdict == codes.WILL_FAIL
 
-    class Measured:  # what remedies read of the measurement
-        plugin = True
-        guard = type("G", (), {"user_set": {}})()
-        room = type("R", (), {"cgroup": type("C", (), {"room": None})(), "mem_available": None})
-
-    ranked = remedies.remedies(Measured(), out)  # type: ignore[arg-type]
+    judged = remedies.remedies(out)
+    ranked = judged.remedies
     verdicts = [remedies._RANK[r.after.verdict] for r in ranked]
     assert verdicts == sorted(verdicts)
     fitting = [r.code for r in ranked if r.after.verdict == codes.FITS]
     assert fitting == sorted(fitting, key=remedies.COST_ORDER.index)
     assert fitting[0] == codes.NO_PEER_ACCESS  # removes both #916 and the host copy
-    # 26.05 is inside #916's range: on 6.14 it still fails, so it ranks last.
-    assert ranked[-1].code == codes.COMPUTE_RUNTIME_26_05
-    assert ranked[-1].after.verdict == codes.WILL_FAIL
+    # 26.05 is inside #916's range: on 6.14 it still fails, so it is no remedy here.
+    assert codes.COMPUTE_RUNTIME_26_05 not in [r.code for r in ranked]
+    (no_help,) = [r for r in judged.not_helping if r.code == codes.COMPUTE_RUNTIME_26_05]
+    assert no_help.after.verdict == codes.WILL_FAIL
 
 
 def test_the_json_keeps_todays_keys_and_adds_the_phase_model(tmp_path, qwen):
     report = judge(machine(tmp_path, "Arc Pro B70", 4, image="0.26.0-b2"), str(qwen), *TP4_INT4)
     old = {"host", "gpus", "environment", "plugin", "model", "per_rank", "total", "verdict",
-           "main_cause", "changes", "notes"}  # fmt: skip
-    new = {"fails_at", "phases", "causes", "remedies", "assumed", "not_modelled", "machine"}
+           "main_cause", "notes"}  # fmt: skip
+    new = {"fails_at", "phases", "causes", "remedies", "assumed", "not_modelled", "machine",
+           "why", "host_judged", "not_helping"}  # fmt: skip
     assert set(report) == old | new
     assert report["verdict"] in codes.VERDICTS
     assert list(report["phases"]) == list(codes.PHASES)
@@ -264,7 +289,6 @@ def test_the_json_keeps_todays_keys_and_adds_the_phase_model(tmp_path, qwen):
     for item in report["remedies"]:
         assert {"code", "what", "cost", "host_need_after_gib"} <= set(item)
         assert item["code"] in codes.REMEDIES and item["verdict_after"] in codes.VERDICTS
-    assert report["changes"] == [r["what"] for r in report["remedies"]]
 
 
 def test_docs_name_every_code():
@@ -279,7 +303,7 @@ def test_docs_name_every_code():
 
 def test_docs_give_every_image_row_with_its_load_layouts_and_runtime():
     """docs/doctor.md's image table says what catalog.IMAGES holds, row for row."""
-    from vllm_xpu_memfix.cli.doctor import catalog
+    from vllm_xpu_memfix.intel import catalog
 
     text = (Path(__file__).parent.parent / "docs" / "doctor.md").read_text()
     rows = {}

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_memfix.core.units import MiB
-from vllm_xpu_memfix.fixes import load_lock
 from vllm_xpu_memfix.memory.room import host_room
+from vllm_xpu_memfix.startup.staging import slots_for_room
 
 DATA = Path(__file__).parent / "data" / "proc"
 # MemAvailable of the recorded CPU-VM meminfo, which every tree here carries.
 RECORDED_AVAILABLE = 23_809_352 * 1024
-# The test bed's 0.21 legacy load stages 960 MiB per rank (docs/load-lock.md).
-SHARD = 960 * MiB
+# A rank's staging, as the load lock plans it for the test bed's 0.21 legacy load: the
+# 960 MiB shard and its converted and other weights (docs/load-lock.md), about 1.5x.
+SHARD = 1440 * MiB
 
 
 def copied(tmp_path: Path, tree: str) -> Path:
@@ -30,7 +31,7 @@ def test_v1_without_a_limit_recorded_is_memavailable():
     assert room.cgroup.limit is None and room.cgroup.usage == 5_602_713_600
     assert room.bytes == RECORDED_AVAILABLE and room.problem is None
     assert "no cgroup memory limit" in room.describe()
-    assert load_lock.slots_for_room(room, SHARD, 2)[0] == 2
+    assert slots_for_room(room, SHARD, 2)[0] == 2
 
 
 def test_v2_max_is_no_limit(tmp_path):
@@ -50,16 +51,16 @@ def test_v2_limit_with_room_leaves_memavailable_the_smaller():
 def test_a_tight_v2_limit_holds_one_shard_of_two():
     room = host_room(DATA / "container-v2-tight")
     assert room.bytes == 2560 * MiB  # 8 GiB limit, 5.5 GiB used, far below MemAvailable
-    slots, why, _ = load_lock.slots_for_room(room, SHARD, 2)
-    assert slots == 1 and "room 2,560 MiB" in why and "960.0 MiB per rank" in why
+    slots, why, _ = slots_for_room(room, SHARD, 2)
+    assert slots == 1 and "room 2,560 MiB" in why and "1,440.0 MiB per rank" in why
     assert "the room holds 1 of the 2 ranks' staging at once" in why
-    assert load_lock.slots_for_room(room, SHARD / 4, 4)[0] == 4  # a quarter shard: all fit
+    assert slots_for_room(room, SHARD / 4, 4)[0] == 4  # a quarter shard: all fit
 
 
 def test_a_full_v1_limit_gives_one_slot_and_says_not_even_one_fits():
     room = host_room(DATA / "container-v1-full")
     assert room.bytes == 96 * MiB
-    slots, why, _ = load_lock.slots_for_room(room, SHARD, 8)
+    slots, why, _ = slots_for_room(room, SHARD, 8)
     assert slots == 1 and "not even one rank's staging fits" in why
 
 
@@ -88,7 +89,7 @@ def test_a_garbage_file_makes_the_room_unknown_and_one_slot(tmp_path, case):
     (tree / relative).write_text(text)
     room = host_room(tree)
     assert room.bytes is None and named in room.describe()
-    slots, why, cramped = load_lock.slots_for_room(room, SHARD, 2)
+    slots, why, cramped = slots_for_room(room, SHARD, 2)
     assert slots == 1 and "room unknown" in why and "conservative" in why and cramped
 
 

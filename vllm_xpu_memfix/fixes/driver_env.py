@@ -200,33 +200,17 @@ def read_host(settings: Settings, environ: Mapping[str, str]) -> Host:
 
 def _no_copy(host: Host, keys: facts.DebugKeys) -> str | None:
     """Why there is no host copy to guard against, or None where there may be one."""
-    if host.intel == 0:
-        return f"no Intel GPU visible under {host.drm}; the host copy needs 2 or more Battlemage"
-    if host.intel == 1:
-        return "1 Intel GPU visible to this process: no peer, so no host copy"
-    if keys.peer_access_off:
-        return (
-            f"{keys.host_copy_prevented_by} set by the user: zeDeviceCanAccessPeer answers "
-            "false, so no peer residency and no host copy (P2P off)"
-        )
-    if keys.defer_backing_off:
-        return (
-            f"{keys.host_copy_prevented_by} set by the user: the peer imports' host backing "
-            "is not pinned"
-        )
-    others = host.intel - host.battlemage
-    if host.battlemage < 2:
-        return (
-            f"{host.battlemage} Battlemage and {others} other Intel GPU(s) visible: the host "
-            "copy is reported only between Battlemage GPUs (defer backing is on for "
-            f"Battlemage only, compute-runtime d793c96442); {FIX.env}=on sets the key anyway"
-        )
-    if host.runtime is not None and not host.runtime.pins_host_copy:
-        return (
-            f"compute-runtime {host.runtime.version} is outside the affected range "
-            f"(from {facts.HOST_COPY_FROM.tag})"
-        )
-    return None
+    from vllm_xpu_memfix.intel import driver
+
+    why = driver.why_no_host_copy(host.intel, host.battlemage, host.runtime, keys, host.drm)
+    if (
+        why is not None
+        and host.intel >= 2
+        and host.battlemage < 2
+        and keys.host_copy_prevented_by is None
+    ):
+        why += f"; {FIX.env}=on sets the key anyway"
+    return why
 
 
 def _copy_expected(host: Host) -> str:

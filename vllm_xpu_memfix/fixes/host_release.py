@@ -55,7 +55,8 @@ from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
-from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM, MiB
+from vllm_xpu_memfix.core.units import MiB
+from vllm_xpu_memfix.startup.staging import STAGING_BYTES_PER_PARAM
 from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 logger = get_logger("host_release")

@@ -92,7 +92,9 @@ class Reserve:
 
     @property
     def total(self) -> int:
-        return self.gathered_logits + self.slack
+        from vllm_xpu_memfix.startup.reserve import kv_reserve
+
+        return kv_reserve(self.estimate, self.slack)
 
     def describe(self) -> str:
         s = self.estimate.shape

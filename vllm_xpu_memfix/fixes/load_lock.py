@@ -70,7 +70,6 @@ from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
     from vllm_xpu_memfix.core.host_lock import Holding, HostSemaphore
-    from vllm_xpu_memfix.memory.room import Room
 
 logger = get_logger("load_lock")
 
@@ -86,35 +85,39 @@ _LOADER = "vllm.model_executor.model_loader.base_loader"
 # world group, instanttensor on the world device group; 0.34 runai_streamer_loader).
 COLLECTIVE_LOAD_FORMATS = ("runai_streamer", "fastsafetensors", "instanttensor")
 ONLINE_QUANTIZATION = "vllm.model_executor.layers.quantization.online"
-# A rank's host peak while it loads, per byte of BF16 it stages: with the lock off, the
-# test bed's TP 2 legacy load peaked 2,891 MiB above process start for two 960 MiB
-# shards, 1.51x (docs/load-lock.md): per-layer quantization temporaries (fp32 upcast,
-# int4 and scales), the unquantized layers and allocator slack come on top of the shard.
-PEAK_PER_STAGED_BYTE = 1.5
-# The share of the room the loading ranks may plan to fill. The rest is for what grows
-# meanwhile and is not in the figure: other processes, the checkpoint's page cache in a
-# container (charged to its cgroup), and MemAvailable being the kernel's estimate.
-ROOM_SHARE = 0.8
 ROOM_SIZED = "load lock sized from the room"
 
 
-def host_staged_bytes(model: Any) -> tuple[int, int]:
-    """Bytes and count of sym_int4 layers whose BF16 weight is real and on the CPU.
+class HostStaged(NamedTuple):
+    bytes: int
+    layers: int
+    largest_params: int  # of one such layer: the unit converted at once
+    other_bytes: int  # every other weight already real on the CPU
+
+
+def host_staged_bytes(model: Any) -> HostStaged:
+    """Bytes and count of sym_int4 layers whose BF16 weight is real and on the CPU, and
+    the largest one's parameters.
 
     Called before any weight is read: streaming and layerwise loads keep these weights
     on the meta device until their layer's elements arrive, so only the legacy load,
     which buffers the whole shard on the host, has any.
     """
-    total = layers = 0
+    total = layers = largest = other = 0
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         weight = getattr(module, "weight", None)
-        if type(method).__module__ != SYM_INT4 or weight is None:
-            continue
-        if not weight.is_meta and weight.device.type == "cpu":
-            total += weight.numel() * weight.element_size()
-            layers += 1
-    return total, layers
+        int4 = type(method).__module__ == SYM_INT4 and weight is not None
+        for param in module.parameters(recurse=False):
+            if param.is_meta or param.device.type != "cpu":
+                continue
+            if int4 and param is weight:
+                total += weight.numel() * weight.element_size()
+                layers += 1
+                largest = max(largest, weight.numel())
+            else:
+                other += param.numel() * param.element_size()
+    return HostStaged(total, layers, largest, other)
 
 
 def collective_in_section(model: Any, vllm_config: Any) -> str | None:
@@ -152,44 +155,17 @@ def ranks_on_host(vllm_config: Any) -> int:
     return max(1, parallel.world_size // max(1, getattr(parallel, "nnodes", 1)))
 
 
-class RoomSlots(NamedTuple):
-    slots: int
-    why: str
-    cramped: bool  # the room is unknown or holds not even one rank's staging: a WARNING
-
-
-def slots_for_room(room: Room, staging: float, ranks: int) -> RoomSlots:
-    """How many ranks' staging the room holds (1 to ``ranks``), and the line saying why.
-    A room that could not be read gives 1, the choice that cannot overfill the host."""
-    per_rank = staging * PEAK_PER_STAGED_BYTE
-    measured = (
-        f"{room.describe()}, staging {staging / MiB:,.1f} MiB per rank (peak taken as "
-        f"{PEAK_PER_STAGED_BYTE}x it, within {ROOM_SHARE:.0%} of the room), {ranks} ranks "
-        "on this host"
-    )
-    if room.bytes is None:
-        return RoomSlots(1, f"{measured} -> 1 slot(s): the conservative choice", True)
-    fits = int(room.bytes * ROOM_SHARE // per_rank) if per_rank > 0 else ranks
-    slots = min(ranks, max(1, fits))
-    if slots == ranks:
-        reason = f"every rank's staging fits at once, so the {ranks} ranks load unserialised"
-    elif fits < 1:
-        reason = "not even one rank's staging fits; one rank loads at a time"
-    else:
-        reason = f"the room holds {fits} of the {ranks} ranks' staging at once"
-    return RoomSlots(slots, f"{measured} -> {slots} slot(s): {reason}", fits < 1)
-
-
-def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int, str]:
-    """:func:`slots_for_room` as the engine's first rank to get here decided it: the ranks
+def agreed_room_slots(settings: Settings, staging: float, ranks: int) -> tuple[int, str]:
+    """:func:`staging.slots_for_room` as the engine's first rank to get here decided it: the ranks
     may see different rooms, but must queue on one semaphore. Logs the decision, as a
     WARNING where it was cramped."""
     from vllm_xpu_memfix.core.host_lock import agree
     from vllm_xpu_memfix.core.process import instance_key, instance_token
     from vllm_xpu_memfix.memory.room import host_room
+    from vllm_xpu_memfix.startup import staging as host_staging
 
     def decide_here() -> str:
-        found = slots_for_room(host_room(settings.sysroot), staged, ranks)
+        found = host_staging.slots_for_room(host_room(settings.sysroot), staging, ranks)
         return f"{found.slots} {int(found.cramped)} {found.why}"
 
     name = f"load-slots-{instance_key()}"
@@ -212,17 +188,26 @@ def decide(settings: Settings, model: Any, vllm_config: Any) -> tuple[int | None
         return int(flag), f"--max-parallel-loading-workers {flag}"
     if settings.mode(FIX) is Mode.ON:
         return settings.load_slots or 1, f"{FIX.env}=on"
-    staged, layers = host_staged_bytes(model)
-    if not staged:
+    staged = host_staged_bytes(model)
+    if not staged.bytes:
         return None, "no layer buffers its weights on the host before loading"
-    staging = (
-        f"this rank stages its whole BF16 shard on the host ({staged / MiB:,.1f} MiB in "
-        f"{layers} sym_int4 layers allocated on the CPU before loading)"
+    shard = (
+        f"this rank stages its whole BF16 shard on the host ({staged.bytes / MiB:,.1f} MiB in "
+        f"{staged.layers} sym_int4 layers allocated on the CPU before loading)"
     )
     if settings.load_slots is not None:
-        return settings.load_slots, f"{staging}; {config.variable_for('load_slots').name}"
+        return settings.load_slots, f"{shard}; {config.variable_for('load_slots').name}"
+    from vllm.platforms import current_platform
+
+    from vllm_xpu_memfix.intel.catalog import ONE_LAYOUT
+    from vllm_xpu_memfix.startup import staging
+
     ranks = ranks_on_host(vllm_config)
-    slots, why = agreed_room_slots(settings, staged, ranks)
+    per_rank = staging.per_rank(staged.largest_params, shard_bytes=staged.bytes)
+    if current_platform.is_cpu():
+        # The device is the host here: the converted and the other weights stay beside it.
+        per_rank += staged.bytes / 2 * ONE_LAYOUT + staged.other_bytes
+    slots, why = agreed_room_slots(settings, per_rank, ranks)
     return (slots if slots < ranks else None), why
 
 

@@ -14,19 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.intel import driver_facts as facts
 
 INTEL_VENDOR = 0x8086
-
-# Battlemage PCI device ids, from compute-runtime's
-# shared/source/xe2_hpg_core/bmg/definitions/device_ids_configs_bmg.h.
-BMG_G21 = frozenset(
-    {0xE202, 0xE209, 0xE20B, 0xE20C, 0xE20D, 0xE210, 0xE211, 0xE212, 0xE215, 0xE216}
-)
-BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
-# Product names seen with an id in public reports: 0xE211 Arc Pro B60 and
-# 0xE223 Arc Pro B70 (compute-runtime #968, llama.cpp SYCL reports).
-KNOWN_PRODUCTS = {0xE211: ("Arc Pro B60", 24), 0xE223: ("Arc Pro B70", 32)}
 
 RUNTIME_PACKAGES = ("intel-opencl-icd", "libze-intel-gpu1", "intel-level-zero-gpu")
 LOADER_PACKAGES = ("libze1", "level-zero")
@@ -52,11 +43,7 @@ class Gpu:
 
     @property
     def family(self) -> str | None:
-        if self.device_id in BMG_G21:
-            return "Battlemage G21"
-        if self.device_id in BMG_G31:
-            return "Battlemage G31"
-        return None
+        return catalog.family(self.device_id)
 
     @property
     def is_battlemage(self) -> bool:
@@ -64,8 +51,7 @@ class Gpu:
 
     @property
     def product(self) -> str:
-        known = KNOWN_PRODUCTS.get(self.device_id)
-        return known[0] if known else (self.family or "Intel GPU")
+        return catalog.product(self.device_id)
 
 
 @dataclass(frozen=True)
@@ -236,8 +222,9 @@ def kernel_from_release(text: str) -> Kernel:
 @dataclass(frozen=True)
 class XePeerOom:
     """compute-runtime #916's condition as far as it could be read: 2+ Intel GPUs in one
-    context, a runtime in its range, a kernel before 7.1. ``unknown`` names the parts that
-    could not be read (the others hold); empty where all three are known to hold."""
+    context with peer access between them, a runtime in its range, a kernel before 7.1.
+    ``unknown`` names the parts that could not be read (the others hold); empty where all
+    are known to hold."""
 
     intel_gpus: int
     runtime: str
@@ -249,13 +236,22 @@ class XePeerOom:
         return not self.unknown
 
 
+PEER_ACCESS_UNKNOWN = "peer access between the GPUs"
+
+
 def xe_peer_oom(
-    intel_gpus: int, runtime: Runtime | None, running: Kernel | None, peer_access_off: bool
+    intel_gpus: int,
+    runtime: Runtime | None,
+    running: Kernel | None,
+    peer_access_off: bool,
+    p2p: bool | None = None,
 ) -> XePeerOom | None:
     """compute-runtime #916's condition, or None where a part of it is known not to hold:
-    fewer than 2 Intel GPUs (any Intel GPU counts: #916 was reported on A770s), a runtime
-    outside its range, kernel 7.1 or later, or ``zeDeviceCanAccessPeer`` forced false."""
-    if intel_gpus < 2 or peer_access_off:
+    fewer than 2 Intel GPUs (any Intel GPU counts: #916 was reported on A770s), no peer
+    access (``p2p`` False, or ``zeDeviceCanAccessPeer`` forced false), a runtime outside
+    its range, or kernel 7.1 or later. The failure needs the peer imports, so where it is
+    not known whether the GPUs reach each other (``p2p`` None), it stays only possible."""
+    if intel_gpus < 2 or peer_access_off or p2p is False:
         return None
     if runtime is not None and not runtime.in_xe_peer_oom_range:
         return None
@@ -266,12 +262,53 @@ def xe_peer_oom(
         unknown.append("the compute-runtime version")
     if running is None or running.version is None:
         unknown.append("the kernel release")
+    if p2p is None:
+        unknown.append(PEER_ACCESS_UNKNOWN)
     return XePeerOom(
         intel_gpus,
         runtime.version if runtime else "unknown",
         (running.release if running else None) or "unknown",
         tuple(unknown),
     )
+
+
+def why_no_host_copy(
+    intel: int,
+    battlemage: int,
+    runtime: Runtime | None,
+    keys: facts.DebugKeys,
+    where: str = "sysfs",
+) -> str | None:
+    """Why the driver pins no host copy of device memory here, in one clause; None where
+    it may (2+ Battlemage in one context, a runtime in the affected range or unknown, and
+    neither key that prevents it). The one statement of the rule: the driver guard, the
+    start-up model and doctor all ask it."""
+    if intel == 0:
+        return f"no Intel GPU visible under {where}; the host copy needs 2 or more Battlemage"
+    if intel == 1:
+        return "1 Intel GPU visible to this process: no peer, so no host copy"
+    if keys.peer_access_off:
+        return (
+            f"{keys.host_copy_prevented_by} set by the user: zeDeviceCanAccessPeer answers "
+            "false, so no peer residency and no host copy (P2P off)"
+        )
+    if keys.defer_backing_off:
+        return (
+            f"{keys.host_copy_prevented_by} set by the user: the peer imports' host backing "
+            "is not pinned"
+        )
+    if battlemage < 2:
+        return (
+            f"{battlemage} Battlemage and {intel - battlemage} other Intel GPU(s) visible: the "
+            "host copy is reported only between Battlemage GPUs (defer backing is on for "
+            "Battlemage only, compute-runtime d793c96442)"
+        )
+    if runtime is not None and not runtime.pins_host_copy:
+        return (
+            f"compute-runtime {runtime.version} is outside the affected range "
+            f"(from {facts.HOST_COPY_FROM.tag})"
+        )
+    return None
 
 
 def level_zero_loader(sysroot: Path) -> str | None:

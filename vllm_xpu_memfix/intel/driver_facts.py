@@ -74,6 +74,13 @@ XE_PEER_OOM_FIXED_ON_MASTER = Release(26, 27, 39122, "26.27.39122.10")
 KERNEL_FIXED = (7, 1)
 
 XE_PEER_OOM_THREAD = "compute-runtime #916"
+# How a user learns whether the GPUs reach each other (torch 2.13's torch.xpu binds
+# zeDeviceCanAccessPeer through ATen's canDeviceAccessPeer); doctor's host file takes the
+# answer as [host] p2p.
+XE_PEER_OOM_CHECK = (
+    "check: python -c 'import torch; print(torch.xpu.can_device_access_peer(0, 1))', "
+    "then p2p = true|false in the host file"
+)
 XE_PEER_OOM_FAILURE = "every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"
 HOST_COPY_THREADS = "compute-runtime #953, #980; vllm #50269"
 

@@ -15,10 +15,10 @@ cache (never the network). Whatever doctor could not see or refused is said in t
 report; a checkpoint it cannot read at all exits 2 with one line saying why.
 
 One module a step: ``facts`` reads the host and the model (``hostfile`` and ``described``
-a machine in a file, ``serveline`` a pasted command), ``predict`` turns them into the
-phase model's inputs (``model``: the phases, causes and verdict), ``remedies`` re-runs the
-model with each remedy, ``advice`` says what to change and what was assumed, ``sections``
-and ``render`` give the report; this module wires them to the command line.
+a machine in a file, ``serveline`` a pasted command); the start-up model
+(``vllm_xpu_memfix.startup``: ``sizing`` makes its inputs, ``phases`` judges, ``remedies``
+re-runs it with each remedy) gives one outcome; ``advice`` says what could not be seen,
+``sections`` and ``render`` give the report; this module wires them to the command line.
 """
 
 from __future__ import annotations
@@ -34,46 +34,53 @@ from vllm_xpu_memfix.cli.doctor import (
     described,
     facts,
     hostfile,
-    predict,
-    remedies,
     render,
     sections,
     serveline,
 )
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
+from vllm_xpu_memfix.startup import phases, remedies, sizing
+from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 DEFAULT_TP = 1
 DEFAULT_UTILIZATION = 0.92
 
 
-def report_for(measured: facts.Measurement, args: facts.ServeArgs) -> render.Report:
-    estimate = predict.decide(measured, args, measured.environ)
-    outcome = estimate.outcome
-    ranked = remedies.remedies(measured, outcome)
+def outcome_for(measured: facts.Measurement, args: ServeArgs) -> phases.Outcome:
+    """The start-up model's judgement of ``args`` on the measured machine."""
+    return phases.run(sizing.inputs_for(measured.machine(), args, measured.ckpt))
+
+
+def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
+    outcome = outcome_for(measured, args)
+    context = remedies.Context(measured.guard.user_set, measured.room, measured.image)
+    judged = remedies.remedies(outcome, context)
     return render.Report(
         host=sections.host_section(measured.snap, measured.room),
         gpus=sections.gpu_section(measured),
         environment={k: measured.environ[k] for k in facts.RELEVANT_ENV if k in measured.environ},
         plugin=sections.plugin_section(measured),
-        model=sections.model_section(measured, estimate, args),
-        per_rank=estimate.per_rank,
-        total=estimate.total,
-        verdict=estimate.verdict,
-        main_cause=estimate.main_cause,
-        changes=[remedy.what for remedy in ranked],
-        notes=advice.notes_for(measured, estimate, args),
+        model=sections.model_section(measured, outcome),
+        per_rank=sections.per_rank_section(outcome),
+        total=sections.total_section(measured, outcome),
+        verdict=outcome.verdict,
+        main_cause=outcome.main_cause,
+        why=outcome.why,
+        host_judged=outcome.host_judged,
+        notes=advice.notes_for(measured, outcome, args),
         machine=measured.described or "this machine",
         fails_at=outcome.fails_at,
         phases=sections.phases_section(outcome),
         causes=sections.causes_section(outcome),
-        remedies=[remedy.as_dict() for remedy in ranked],
+        remedies=[remedy.as_dict() for remedy in judged.remedies],
+        not_helping=[remedy.as_dict() for remedy in judged.not_helping],
         assumed=sections.assumed_section(measured, args, outcome),
         not_modelled=list(args.not_modelled),
     )
 
 
-def _serve_args(args: argparse.Namespace) -> facts.ServeArgs:
+def _serve_args(args: argparse.Namespace) -> ServeArgs:
     """doctor's own flags, then the pasted serve line; a value given in both must agree."""
     given = {
         "model": args.model or None,
@@ -83,7 +90,7 @@ def _serve_args(args: argparse.Namespace) -> facts.ServeArgs:
         "dtype": args.dtype,
         "max_parallel_loading_workers": args.max_parallel_loading_workers,
     }
-    base = facts.ServeArgs(
+    base = ServeArgs(
         model=given["model"],
         tensor_parallel_size=given["tensor_parallel_size"] or DEFAULT_TP,
         gpu_memory_utilization=given["gpu_memory_utilization"] or DEFAULT_UTILIZATION,

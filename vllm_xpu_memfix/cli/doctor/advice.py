@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
-from vllm_xpu_memfix.cli.doctor.predict import ON_THE_FLY_QUANT, Estimate, largest_staged_params
+from vllm_xpu_memfix.cli.doctor.facts import Measurement
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
+from vllm_xpu_memfix.startup.phases import Outcome
+from vllm_xpu_memfix.startup.sizing import ON_THE_FLY_QUANT, ServeArgs, largest_staged_params
 
 
 def head_notes(config: dict[str, Any], tp: int) -> list[str]:
@@ -54,22 +55,18 @@ def _model_notes(ckpt: Checkpoint, args: ServeArgs) -> list[str]:
     return notes + head_notes(ckpt.config, args.tensor_parallel_size)
 
 
-def notes_for(measured: Measurement, estimate: Estimate, args: ServeArgs) -> list[str]:
-    tp = args.tensor_parallel_size
+def notes_for(measured: Measurement, outcome: Outcome, args: ServeArgs) -> list[str]:
     notes = []
     if measured.room.problem and measured.described is None:
         notes.append(f"the host's room could not be read ({measured.room.problem}): taken as 0")
-    if len(measured.visible) < tp and measured.gpus:
-        notes.append(
-            f"--tensor-parallel-size {tp} but only {len(measured.visible)} Intel GPU(s) are visible"
-        )
     ckpt = measured.ckpt
     if ckpt is not None:
         notes += _model_notes(ckpt, args)
+    inputs = outcome.inputs
     if (
         ckpt is not None
-        and measured.device_bytes
-        and estimate.outcome.inputs.weights > estimate.per_rank["device_use"]
+        and inputs.device_bytes
+        and inputs.weights > inputs.utilization * inputs.device_bytes
     ):
         notes.append("the weights alone exceed the device memory at this utilisation")
     return notes

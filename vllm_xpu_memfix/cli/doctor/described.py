@@ -21,6 +21,7 @@ from vllm_xpu_memfix.intel import driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
+from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 NOT_INSTALLED = "the plugin is not installed on the described machine ([plugin] installed = true)"
 # Plugin variables that name a path on the machine that wrote the file: never written.
@@ -66,7 +67,7 @@ def _legacy(described: hostfile.Described) -> tuple[bool, str]:
     return True, f"{facts.OFFLOAD}=1: image {image.tag}'s sym_int4 holds the whole 16-bit shard"
 
 
-def measurement(described: hostfile.Described, args: facts.ServeArgs) -> facts.Measurement:
+def measurement(described: hostfile.Described, args: ServeArgs) -> facts.Measurement:
     """The facts of the described machine, as ``facts.measure`` gives this one's."""
     env = described.env
     settings = config.load(env if described.plugin else {_PREFIX: "0"})
@@ -92,8 +93,7 @@ def measurement(described: hostfile.Described, args: facts.ServeArgs) -> facts.M
     )
     legacy = _legacy(described)
     ckpt, label = facts.read_model(args)
-    shard = ckpt.total_bytes / args.tensor_parallel_size if ckpt else 0.0
-    slots = facts.load_slots(settings, args, legacy[0], room, shard) if described.plugin else None
+    slots = facts.load_slots(settings, args, legacy[0], room, ckpt) if described.plugin else None
     image = described.image
     layouts = described.int4_layouts or (2 if image and image.duplicate_layout else 1)
     layouts_from = (
@@ -126,6 +126,7 @@ def measurement(described: hostfile.Described, args: facts.ServeArgs) -> facts.M
         int4_layouts_from=layouts_from,
         described=described.path,
         assumed=described.assumed,
+        p2p=described.p2p,
     )
 
 
@@ -164,6 +165,8 @@ def write_host(measured: facts.Measurement) -> str:
         lines.append(f"cgroup_used_gib = {cgroup.usage / GiB!r}")
     if measured.kernel is not None and measured.kernel.release:
         lines.append(f"kernel = {_toml_string(measured.kernel.release)}")
+    if measured.p2p is not None:
+        lines.append(f"p2p = {'true' if measured.p2p else 'false'}")
     kinds: dict[tuple[int, int | None], int] = {}
     for gpu in measured.gpus:
         memory = gpu.vram_bytes or measured.device_bytes

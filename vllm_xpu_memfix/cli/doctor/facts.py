@@ -7,12 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_xpu_memfix.cli.doctor import catalog
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.units import GiB
-from vllm_xpu_memfix.fixes import driver_env, load_lock
-from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.memory import hub_cache
 from vllm_xpu_memfix.memory.checkpoint import (
     TORCH_DTYPES,
@@ -23,6 +22,8 @@ from vllm_xpu_memfix.memory.checkpoint import (
 )
 from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
+from vllm_xpu_memfix.startup import staging
+from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
 
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
@@ -34,25 +35,6 @@ RELEVANT_ENV = (
     "ONEAPI_DEVICE_SELECTOR",
     OFFLOAD,
 )
-
-
-@dataclass(frozen=True)
-class ServeArgs:
-    model: str | None
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.92
-    quantization: str | None = None
-    dtype: str | None = None
-    device_memory_gib: float | None = None
-    max_parallel_loading_workers: int | None = None
-    params: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    kv_cache_dtype: str | None = None
-    # Flags of a pasted serve line that doctor does not model, as given.
-    not_modelled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +66,7 @@ class Measurement:
     # Where the facts come from: None for this machine, else the host file.
     described: str | None = None
     assumed: tuple[str, ...] = ()
+    p2p: bool | None = None  # peer access between the GPUs; None: not known
 
     @property
     def visible_battlemage(self) -> int:
@@ -93,6 +76,44 @@ class Measurement:
     def runtime_affected(self) -> bool:
         return self.runtime is None or self.runtime.pins_host_copy
 
+    def effective_env(self) -> dict[str, str]:
+        """The serving processes' environment, with what the driver guard sets."""
+        env = dict(self.environ)
+        driver_env.apply(self.guard, env)
+        return env
+
+    def machine(self) -> Machine:
+        """This measurement as the start-up model reads a machine."""
+        room = self.room.bytes
+        unknown_room = room is None and self.described is not None
+        settings = self.settings
+        return Machine(
+            gpus_visible=len(self.visible),
+            battlemage_visible=self.visible_battlemage,
+            device_bytes=float(self.device_bytes) if self.device_bytes else None,
+            runtime=self.runtime,
+            kernel=self.kernel.version if self.kernel else None,
+            environ=self.effective_env(),
+            room=None if unknown_room else float(room or 0),
+            swap=float(self.snap.swap_free or 0),
+            p2p=self.p2p,
+            plugin=self.plugin,
+            kv_headroom=_kv_headroom_on(self),
+            kv_headroom_slack=float(settings.kv_headroom_slack_mib * 2**20)
+            if settings
+            else Machine.kv_headroom_slack,
+            load_slots=self.load_slots,
+            legacy_load=self.legacy,
+            int4_layouts=self.int4_layouts,
+        )
+
+
+def _kv_headroom_on(measured: Measurement) -> bool:
+    settings = measured.settings
+    if not measured.plugin or settings is None or not settings.requested(config.KV_HEADROOM):
+        return False
+    return settings.mode(config.KV_HEADROOM) is config.Mode.ON or bool(measured.visible)
+
 
 def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[int | None, str]:
     if override_gib is not None:
@@ -100,11 +121,9 @@ def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[i
     sizes = [g.vram_bytes for g in gpus if g.vram_bytes]
     if sizes:
         return min(sizes), "sysfs physical_vram_size_bytes"
-    known = [
-        driver.KNOWN_PRODUCTS[g.device_id][1] for g in gpus if g.device_id in driver.KNOWN_PRODUCTS
-    ]
+    known = [gib for g in gpus if (gib := catalog.memory_gib(g.device_id)) is not None]
     if known:
-        return min(known) * GiB, "product table (assumed)"
+        return int(min(known) * GiB), "product table (assumed)"
     return None, "unknown: pass --device-memory-gib"
 
 
@@ -145,10 +164,11 @@ def installed_int4_layouts() -> tuple[int, str]:
 
 
 def load_slots(
-    settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, shard: float
+    settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, ckpt: Checkpoint | None
 ) -> int | None:
     """How many ranks the load lock lets stage at once; None where it stays off. Sized
-    from the room as the lock sizes it, with the shard's bytes for the staging."""
+    from the room as the lock sizes it (``staging.slots_for_room``), from the same
+    staging per rank."""
     if not settings.requested(config.LOAD_LOCK):
         return None
     if args.max_parallel_loading_workers:
@@ -159,8 +179,11 @@ def load_slots(
         return None
     if settings.load_slots is not None:
         return settings.load_slots
-    slots = load_lock.slots_for_room(room, shard, args.tensor_parallel_size).slots
-    return slots if slots < args.tensor_parallel_size else None
+    tp = args.tensor_parallel_size
+    shard = ckpt.total_bytes / tp if ckpt else 0.0
+    unit = largest_staged_params(ckpt)[0] / tp if ckpt else 0.0
+    slots = staging.slots_for_room(room, staging.per_rank(unit, shard_bytes=shard), tp).slots
+    return slots if slots < tp else None
 
 
 def _params_dtype(args: ServeArgs) -> str:
@@ -213,7 +236,6 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         installed_int4_layouts() if (args.quantization or "").lower() == "sym_int4" else (1, "")
     )
     ckpt, model_label = read_model(args)
-    shard = ckpt.total_bytes / args.tensor_parallel_size if ckpt else 0.0
     return Measurement(
         snap=snap,
         gpus=gpus,
@@ -227,7 +249,7 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         model_label=model_label,
         legacy=legacy,
         room=room,
-        load_slots=load_slots(settings, args, legacy[0], room, shard),
+        load_slots=load_slots(settings, args, legacy[0], room, ckpt),
         kernel=driver.kernel(settings.sysroot),
         environ=dict(environ),
         plugin=True,

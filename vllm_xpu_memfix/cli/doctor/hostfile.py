@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor import catalog
 from vllm_xpu_memfix.core.numbers import Bounds, shown
 from vllm_xpu_memfix.core.units import GiB
-from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.intel import catalog, driver
 
 try:
     import tomllib
@@ -45,6 +44,7 @@ TABLES: dict[str, tuple[str, ...] | None] = {
         "cgroup_limit_gib",
         "cgroup_used_gib",
         "kernel",
+        "p2p",
     ),
     "gpu": ("model", "pci_id", "count", "memory_gib"),
     "driver": ("compute_runtime",),
@@ -75,6 +75,7 @@ class Described:
     cgroup_limit: int | None
     cgroup_used: int | None
     kernel: driver.Kernel | None
+    p2p: bool | None
     gpus: tuple[GpuKind, ...]
     runtime: driver.Runtime | None
     image: catalog.Image | None
@@ -190,6 +191,9 @@ def _host(reader: _Reader, table: dict[str, Any], assumed: list[str]) -> dict[st
             "kernel not given: unknown (with a runtime in compute-runtime #916's range, #916 "
             "is then not ruled out)"
         )
+    p2p = table.get("p2p")
+    if p2p is not None and not isinstance(p2p, bool):
+        raise reader.error("[host] p2p", f"{shown(str(p2p))}: accepted: true, false")
     return {
         "ram": ram,
         "available": available,
@@ -197,6 +201,7 @@ def _host(reader: _Reader, table: dict[str, Any], assumed: list[str]) -> dict[st
         "cgroup_limit": limit,
         "cgroup_used": used,
         "kernel": kernel,
+        "p2p": p2p,
     }
 
 

@@ -6,9 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor import codes
-from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
 from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 SELF_CHECK = "device_quant self-check"
 LONG_LINES = ("sym_int4", SELF_CHECK)  # plugin entries rendered on lines of their own
@@ -24,14 +23,16 @@ class Report:
     per_rank: dict[str, float]
     total: dict[str, float]
     verdict: str
-    main_cause: str
-    changes: list[str] = field(default_factory=list)
+    main_cause: str  # a cause code
+    why: str = ""  # where and how much: "host at kv_cache: 91% of the host's room"
+    host_judged: bool = True
     notes: list[str] = field(default_factory=list)
     machine: str = "this machine"
     fails_at: dict[str, str] | None = None
     phases: dict[str, dict[str, float | None]] = field(default_factory=dict)
     causes: list[dict[str, Any]] = field(default_factory=list)
     remedies: list[dict[str, Any]] = field(default_factory=list)
+    not_helping: list[dict[str, Any]] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)
     not_modelled: list[str] = field(default_factory=list)
 
@@ -39,9 +40,13 @@ class Report:
         return json.dumps(asdict(self), indent=2, default=str)
 
 
-def _where(report: Report) -> str:
-    fails = report.fails_at
-    return f" at {fails['phase']}, on the {fails['where']}" if fails else ""
+def verdict_line(report: Report) -> str:
+    """``Verdict: AT RISK (host at kv_cache: 91% of the host's room; main cause: ...)``."""
+    parts = [report.why] if report.why else []
+    parts.append(f"main cause: {report.main_cause}")
+    if not report.host_judged:
+        parts.append("not judged on the host: no RAM figures")
+    return f"Verdict: {report.verdict.upper()} ({'; '.join(parts)})"
 
 
 def gib(value: float | int | None) -> str:
@@ -69,25 +74,21 @@ def _outcome_lines(report: Report) -> list[str]:
     lines += [f"  {c['code']:<22} {c['gib']:>8,.1f} GiB  {c['why']}" for c in report.causes]
     if report.remedies:
         lines.append("Remedies (the cheapest that fits first)")
-        for r in report.remedies:
-            lines.append(
-                f"  {r['code']}: {r['what']} -> {r['verdict_after']}, host "
-                f"{r['host_need_after_gib']:,.1f} GiB; cost: {r['cost']}"
-            )
+        lines += [_remedy_line(r) for r in report.remedies]
+    if report.not_helping:
+        lines.append("Does not help")
+        lines += [_remedy_line(r) for r in report.not_helping]
     lines += [f"  assumed: {a}" for a in report.assumed]
     if report.not_modelled:
         lines.append(f"  not modelled: {' '.join(report.not_modelled)}")
     return lines
 
 
-def _main_cause(report: Report) -> str:
-    """What the verdict rests on: the failure that comes whatever the memory, else the
-    largest cause by its code (the older per-rank name where no cause was given)."""
-    if report.verdict == codes.WILL_FAIL:
-        return f"cause: {codes.XE_PEER_CONTEXT_OOM}"
-    if not report.causes:
-        return f"largest part: {report.main_cause}"
-    return f"largest part: {max(report.causes, key=lambda c: float(c['gib']))['code']}"
+def _remedy_line(remedy: dict[str, Any]) -> str:
+    return (
+        f"  {remedy['code']}: {remedy['what']} -> {remedy['verdict_after']}, host "
+        f"{remedy['host_need_after_gib']:,.1f} GiB; cost: {remedy['cost']}"
+    )
 
 
 def render(report: Report, args: ServeArgs) -> str:
@@ -127,7 +128,7 @@ def render(report: Report, args: ServeArgs) -> str:
         f"Per rank (TP {args.tensor_parallel_size}, "
         f"--gpu-memory-utilization {args.gpu_memory_utilization})",
         f"  device memory in use   {gib(per_rank['device_use'])}",
-        f"  host: driver copy      {gib(per_rank['driver_mirror'])}",
+        f"  host: driver copy      {gib(per_rank['host_copy'])}",
         f"  host: quant. staging   {gib(per_rank['quantization_staging'])}",
         f"  host: process baseline {gib(per_rank['process_baseline'])}",
         "Host total",
@@ -135,9 +136,7 @@ def render(report: Report, args: ServeArgs) -> str:
         f"{gib(report.total['page_cache'])} (reclaimable), "
         f"against the {report.host['room_detail']}",
         *_outcome_lines(report),
-        f"Verdict: {report.verdict.upper()}{_where(report)} ({_main_cause(report)})",
-        # The remedies above say the same with their outcome; the bare changes stand alone.
-        *(f"  - {change}" for change in ([] if report.remedies else report.changes)),
+        verdict_line(report),
         *(f"  note: {note}" for note in report.notes),
     ]
     return "\n".join(lines)

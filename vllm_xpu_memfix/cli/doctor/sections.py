@@ -5,23 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor import catalog, model, predict
-from vllm_xpu_memfix.cli.doctor.facts import Measurement, ServeArgs
-from vllm_xpu_memfix.cli.doctor.predict import Estimate
+from vllm_xpu_memfix.cli.doctor.facts import Measurement
 from vllm_xpu_memfix.cli.doctor.render import SELF_CHECK
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.fixes import driver_env
-from vllm_xpu_memfix.intel import int4_self_check
+from vllm_xpu_memfix.intel import catalog, int4_self_check
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.startup import phases, sizing
+from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 
-def model_section(
-    measured: Measurement, estimate: Estimate, args: ServeArgs
-) -> dict[str, Any] | None:
+def model_section(measured: Measurement, outcome: phases.Outcome) -> dict[str, Any] | None:
     ckpt = measured.ckpt
     if ckpt is None:
         return None
+    inputs = outcome.inputs
     return {
         "model": measured.model_label,
         "directory": str(ckpt.directory) if ckpt.directory else None,
@@ -29,9 +28,35 @@ def model_section(
         "checkpoint_bytes": ckpt.total_bytes,
         "size_from": "safetensors headers" if ckpt.complete else ckpt.declared_from,
         "checkpoint_dtype": ckpt.dtype,
-        "device_weight_bytes_per_rank": estimate.outcome.inputs.weights,
-        "staging": estimate.staging_why,
+        "device_weight_bytes_per_rank": inputs.weights,
+        "staging": inputs.load_mode_why if inputs.on_the_fly else "no on-the-fly quantization",
     }
+
+
+def per_rank_section(outcome: phases.Outcome) -> dict[str, float]:
+    """Per rank once the KV cache is allocated: device use, and the host's parts."""
+    inputs = outcome.inputs
+    at_kv = outcome.phases["kv_cache"]
+    return {
+        "device_use": at_kv.device or 0.0,
+        "host_copy": at_kv.pinned / inputs.tp,
+        "quantization_staging": inputs.staging,
+        "process_baseline": inputs.baseline,
+    }
+
+
+def total_section(measured: Measurement, outcome: phases.Outcome) -> dict[str, float]:
+    snap, ckpt, room = measured.snap, measured.ckpt, measured.room
+    total = {
+        "host_need": outcome.host_need,
+        "page_cache": float(ckpt.total_bytes) if ckpt else 0.0,
+        "mem_available": float(snap.mem_available or 0),
+        "room": float(room.bytes or 0),
+        "swap_free": float(snap.swap_free or 0),
+    }
+    if room.cgroup.room is not None:
+        total["cgroup_room"] = float(room.cgroup.room)
+    return total
 
 
 def host_section(snap: Snapshot, room: Room) -> dict[str, Any]:
@@ -51,7 +76,8 @@ def gpu_section(measured: Measurement) -> dict[str, Any]:
     runtime, guard = measured.runtime, measured.guard
     return {
         "intel_gpus": [
-            f"{g.card} {g.pci_slot} 0x{g.device_id:04x} {catalog.product(g)}" for g in measured.gpus
+            f"{g.card} {g.pci_slot} 0x{g.device_id:04x} {catalog.product(g.device_id)}"
+            for g in measured.gpus
         ],
         "visible": len(measured.visible),
         "visible_battlemage": measured.visible_battlemage,
@@ -60,7 +86,8 @@ def gpu_section(measured: Measurement) -> dict[str, Any]:
         "compute_runtime": f"{runtime.version} ({runtime.source})"
         if runtime
         else ("not given" if measured.described else "not found"),
-        "runtime_in_mirror_range": measured.runtime_affected,
+        "runtime_pins_host_copy": measured.runtime_affected,
+        "p2p": measured.p2p,
         "kernel": (measured.kernel.release if measured.kernel else None) or "unknown",
         "level_zero_loader": measured.level_zero_loader or "not found",
         "driver_guard": driver_env.summary(guard),
@@ -89,7 +116,7 @@ def _gib(value: float | None) -> float | None:
     return None if value is None else round(value / GiB, 2)
 
 
-def phases_section(outcome: model.Outcome) -> dict[str, dict[str, float | None]]:
+def phases_section(outcome: phases.Outcome) -> dict[str, dict[str, float | None]]:
     """Per phase: host need summed over the ranks of the host, device need per rank."""
     return {
         name: {"host_gib": _gib(phase.host), "device_gib": _gib(phase.device)}
@@ -97,18 +124,21 @@ def phases_section(outcome: model.Outcome) -> dict[str, dict[str, float | None]]
     }
 
 
-def causes_section(outcome: model.Outcome) -> list[dict[str, object]]:
+def causes_section(outcome: phases.Outcome) -> list[dict[str, object]]:
     return [{"code": c.code, "gib": round(c.gib, 2), "why": c.why} for c in outcome.causes]
 
 
-def assumed_section(measured: Measurement, args: ServeArgs, outcome: model.Outcome) -> list[str]:
+def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outcome) -> list[str]:
     """What doctor took where it was not told."""
     assumed = list(measured.assumed)
+    from_name = sizing.quantization(measured.ckpt, args)[1]
+    if from_name:
+        assumed.append(from_name)
     if args.max_num_seqs is None:
-        assumed.append(f"--max-num-seqs not given: vLLM's {predict.DEFAULT_MAX_NUM_SEQS}")
+        assumed.append(f"--max-num-seqs not given: vLLM's {sizing.DEFAULT_MAX_NUM_SEQS}")
     if args.max_num_batched_tokens is None:
         assumed.append(
-            f"--max-num-batched-tokens not given: vLLM's {predict.DEFAULT_BATCHED_TOKENS}"
+            f"--max-num-batched-tokens not given: vLLM's {sizing.DEFAULT_BATCHED_TOKENS}"
         )
     inputs = outcome.inputs
     if measured.ckpt is not None and inputs.burst is None:
@@ -117,7 +147,7 @@ def assumed_section(measured: Measurement, args: ServeArgs, outcome: model.Outco
         assumed.append("no hidden_size in config.json: the activations are not counted")
     if inputs.device_bytes is not None:
         assumed.append(
-            f"the warm-up adds {model.WARMUP_OUTSIDE_TORCH / GiB:g} GiB a rank outside torch "
+            f"the warm-up adds {phases.WARMUP_OUTSIDE_TORCH / GiB:g} GiB a rank outside torch "
             "(Level Zero modules, oneCCL buffers)"
         )
     return assumed

@@ -36,6 +36,7 @@ DUPLICATE_INT4_LAYOUT = "duplicate_int4_layout"
 SAMPLER_BURST = "sampler_burst"
 DEVICE_OVERCOMMIT = "device_overcommit"
 PROCESS_BASELINE = "process_baseline"
+TP_EXCEEDS_GPUS = "tp_exceeds_gpus"
 
 CAUSES = {
     DRIVER_HOST_COPY: "compute-runtime >= 26.09 with 2+ Battlemage GPUs in one Level Zero "
@@ -56,7 +57,20 @@ CAUSES = {
     "(llm-scaler #703: 'Tried to allocate 122.00 MiB' in _dummy_sampler_run)",
     DEVICE_OVERCOMMIT: "weights + KV cache + activations (+ the warm-up) above the device's memory",
     PROCESS_BASELINE: "host memory of the vLLM processes themselves (Python, torch, oneCCL), "
-    "about 3.5 GiB a rank (vllm #50269's maintainers)",
+    "taken as 3.5 GiB a rank (an assumption: see docs/doctor.md)",
+    TP_EXCEEDS_GPUS: "--tensor-parallel-size larger than the GPUs visible to vLLM: it refuses "
+    "to start",
+}
+# Where each cause takes its memory: the main cause of a verdict is on its side.
+CAUSE_SIDE = {
+    DRIVER_HOST_COPY: HOST,
+    QUANT_STAGING: HOST,
+    PROCESS_BASELINE: HOST,
+    XE_PEER_CONTEXT_OOM: DEVICE,
+    DUPLICATE_INT4_LAYOUT: DEVICE,
+    SAMPLER_BURST: DEVICE,
+    DEVICE_OVERCOMMIT: DEVICE,
+    TP_EXCEEDS_GPUS: DEVICE,
 }
 
 # --- remedies --------------------------------------------------------------------------
@@ -73,6 +87,8 @@ GPU_MEMORY_UTILIZATION = "gpu_memory_utilization"
 KV_HEADROOM = "kv_headroom"
 CONTAINER_LIMIT = "container_limit"
 MORE_HOST_RAM = "more_host_ram"
+MORE_GPUS = "more_gpus"
+QUANTIZE = "quantize"
 
 REMEDIES = {
     DRIVER_GUARD: "NEOReadDebugKeys=1 EnableDeferBacking=0 (what the plugin's driver guard "
@@ -100,4 +116,8 @@ REMEDIES = {
     "KV cache for the sampler warm-up; a little less KV cache",
     CONTAINER_LIMIT: "raise the container's memory limit (docker run --memory)",
     MORE_HOST_RAM: "more host RAM (or fewer GPUs per host)",
+    MORE_GPUS: "a larger --tensor-parallel-size over more GPUs: each holds a smaller share of "
+    "the weights; needs the GPUs, and TP must divide the attention heads",
+    QUANTIZE: "load the weights quantized (-q fp8, or sym_int4 on Intel's images): fewer "
+    "device bytes per weight; converted on the host while loading, at some accuracy cost",
 }

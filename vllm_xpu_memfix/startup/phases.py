@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm_xpu_memfix.cli.doctor import catalog, codes
-from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM, GiB, MiB
-from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.core.units import GiB, MiB
+from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
+from vllm_xpu_memfix.startup import codes, reserve, staging
 
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
 # call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
@@ -42,7 +42,6 @@ DEVICE_AT_RISK_SHARE = 0.98  # device: less than 2 % left is at risk
 # Level Zero modules of the JIT warm-up, oneCCL buffers, fragmentation; XPU's free-memory
 # figure misses them (vLLM PRs #49482, #53990; ROOT-CAUSES cause 7). An assumption.
 WARMUP_OUTSIDE_TORCH = 512 * MiB
-KV_HEADROOM_SLACK = 256 * MiB  # VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB's default
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,7 @@ class Inputs:
     activation_bytes: float = 0.0  # per rank, the profile run's forward pass
     burst: BurstEstimate | None = None
     kv_headroom: bool = False
+    kv_headroom_slack: float = reserve.DEFAULT_SLACK
     kv_bytes_per_token: float | None = None  # per rank
     max_model_len: int | None = None
     gpus_in_context: int = 0
@@ -74,6 +74,8 @@ class Inputs:
     kernel: tuple[int, int] | None = None
     defer_backing_off: bool = False
     peer_access_off: bool = False
+    p2p: bool | None = None  # peer access between the GPUs; None: not known
+    plugin: bool = True  # the plugin is installed where it will serve
     baseline: float = BASELINE_PER_RANK
     room: float | None = None
     swap: float = 0.0
@@ -89,8 +91,8 @@ class Inputs:
         """Host bytes per rank that convert weights during the load."""
         if not self.on_the_fly:
             return 0.0
-        unit = self.unit_params / self.tp * STAGING_BYTES_PER_PARAM
-        return unit + (self.shard_16bit / self.tp if self.legacy_load else 0.0)
+        shard = self.shard_16bit / self.tp if self.legacy_load else 0.0
+        return staging.per_rank(self.unit_params / self.tp, shard_bytes=shard)
 
     @property
     def staging_ranks(self) -> int:
@@ -99,29 +101,49 @@ class Inputs:
         return self.tp
 
     @property
-    def host_copy(self) -> bool:
-        if self.battlemage_in_context < 2 or self.defer_backing_off or self.peer_access_off:
-            return False
-        return self.runtime is None or self.runtime.pins_host_copy
+    def debug_keys(self) -> dfacts.DebugKeys:
+        """The driver keys the serving processes start with, as the driver reads them."""
+        env = {dfacts.READ_DEBUG_KEYS: "1"}
+        if self.defer_backing_off:
+            env[dfacts.DEFER_BACKING] = "0"
+        if self.peer_access_off:
+            env[dfacts.FORCE_PEER_ACCESS] = "0"
+        return dfacts.debug_keys(env)
 
     @property
-    def xe_peer_oom(self) -> bool | None:
-        """compute-runtime #916 will strike (True), cannot (False), or the kernel or the
-        runtime is unknown (None)."""
-        oom = driver.xe_peer_oom(
+    def host_copy(self) -> bool:
+        """Whether the driver pins a host copy (an unknown runtime counts as affected)."""
+        return (
+            driver.why_no_host_copy(
+                self.gpus_in_context, self.battlemage_in_context, self.runtime, self.debug_keys
+            )
+            is None
+        )
+
+    @property
+    def xe_peer_condition(self) -> driver.XePeerOom | None:
+        """compute-runtime #916's condition, with the parts not known (None: ruled out)."""
+        return driver.xe_peer_oom(
             self.gpus_in_context,
             self.runtime,
             driver.Kernel(None, self.kernel),
             self.peer_access_off,
+            self.p2p,
         )
+
+    @property
+    def xe_peer_oom(self) -> bool | None:
+        """compute-runtime #916 will strike (True), cannot (False), or a part of its
+        condition is not known (None)."""
+        oom = self.xe_peer_condition
         return False if oom is None else (True if oom.certain else None)
 
     @property
     def reserve(self) -> float:
-        """kv_headroom's reserve: the gathered logits plus its slack."""
+        """kv_headroom's reserve (``reserve.kv_reserve``), where it takes one."""
         if not self.kv_headroom or self.burst is None or self.kv_cache_bytes is not None:
             return 0.0
-        return self.burst.gathered_logits + KV_HEADROOM_SLACK
+        return float(reserve.kv_reserve(self.burst, self.kv_headroom_slack))
 
     @property
     def profile_peak(self) -> float:
@@ -154,12 +176,17 @@ class Cause:
 
 @dataclass(frozen=True)
 class Outcome:
+    """The one result of a judgement: doctor's text and JSON and the preflight's line all
+    come from it. ``main_cause`` is a cause code; ``why`` says where and how much."""
+
     inputs: Inputs
     phases: dict[str, Phase]
     causes: list[Cause]
     verdict: str
     fails_at: dict[str, str] | None
     why: str
+    main_cause: str
+    host_judged: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -197,23 +224,33 @@ def _phases(inp: Inputs) -> dict[str, Phase]:
     base = inp.tp * inp.baseline
     phases = {}
     for name, per_rank in device.items():
-        pinned = inp.tp * (per_rank or 0.0) if inp.host_copy else 0.0
+        # The copy is of device memory: never more than the device holds.
+        copied = min(per_rank or 0.0, inp.device_bytes or float("inf"))
+        pinned = inp.tp * copied if inp.host_copy else 0.0
         staged = inp.staging_ranks * inp.staging if name == codes.LOAD else 0.0
         phases[name] = Phase(base + staged + pinned, per_rank, pinned)
     return phases
 
 
-def _judge_host(inp: Inputs, phase: Phase) -> str:
+def _judge_host(inp: Inputs, name: str, phase: Phase) -> tuple[str, str]:
     if inp.room is None:
-        return codes.FITS
+        return codes.FITS, ""
+    share = f"{phase.host / inp.room:.0%} of the host's room" if inp.room > 0 else "no room"
     if phase.pinned > inp.room or phase.host > inp.room + inp.swap:
-        return codes.RUNS_OUT
+        return codes.RUNS_OUT, share
     if phase.host > AT_RISK_SHARE * inp.room:
-        return codes.AT_RISK
-    return codes.FITS
+        return codes.AT_RISK, share
+    return codes.FITS, share
 
 
-def _judge_device(inp: Inputs, name: str, phase: Phase) -> str:
+def _judge_device(inp: Inputs, name: str, phase: Phase) -> tuple[str, str]:
+    verdict = _device_verdict(inp, name, phase)
+    if phase.device is None or not inp.device_bytes:
+        return verdict, ""
+    return verdict, f"{phase.device / inp.device_bytes:.0%} of the device's memory"
+
+
+def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
     if phase.device is None or inp.device_bytes is None:
         return codes.FITS
     kv = inp.kv_cache
@@ -233,9 +270,23 @@ def _judge_device(inp: Inputs, name: str, phase: Phase) -> str:
 def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
     gib = 1 / GiB
     causes = []
-    oom = inp.xe_peer_oom
-    if oom is not False:
-        known = "" if oom else " (possible: the kernel or compute-runtime is unknown)"
+    if 0 < inp.gpus_in_context < inp.tp:
+        causes.append(
+            Cause(
+                codes.TP_EXCEEDS_GPUS,
+                0.0,
+                f"--tensor-parallel-size {inp.tp} needs {inp.tp} GPUs; {inp.gpus_in_context} "
+                "visible (ZE_AFFINITY_MASK / ONEAPI_DEVICE_SELECTOR narrow them)",
+            )
+        )
+    condition = inp.xe_peer_condition
+    if condition is not None:
+        unknown = ", ".join(condition.unknown)
+        known = (
+            ""
+            if condition.certain
+            else f" (possible: {unknown} not known; {dfacts.XE_PEER_OOM_CHECK})"
+        )
         causes.append(
             Cause(
                 codes.XE_PEER_CONTEXT_OOM,
@@ -310,24 +361,55 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
     return causes
 
 
+def _main_cause(causes: list[Cause], side: str | None) -> str:
+    """The largest cause on ``side`` (any side where None), as its code."""
+    on_side = [c for c in causes if side is None or codes.CAUSE_SIDE[c.code] == side]
+    return max(on_side or causes, key=lambda c: c.gib).code
+
+
 def run(inp: Inputs) -> Outcome:
-    """The phases, the causes and the verdict for ``inp``."""
+    """The phases, the causes and the verdict for ``inp``. Within a phase the device is
+    judged before the host: what the device cannot hold fails there, whatever the host."""
     phases = _phases(inp)
     causes = _causes(inp, phases)
+    host_judged = inp.room is not None
+    if 0 < inp.gpus_in_context < inp.tp:
+        at = {"phase": codes.LOAD, "where": codes.DEVICE}
+        why = f"TP {inp.tp} with {inp.gpus_in_context} GPU(s) visible: vLLM refuses to start"
+        return Outcome(
+            inp, phases, causes, codes.WILL_FAIL, at, why, codes.TP_EXCEEDS_GPUS, host_judged
+        )
     if inp.xe_peer_oom:
         at = {"phase": codes.LOAD, "where": codes.DEVICE}
         why = "compute-runtime #916: every device allocation fails"
-        return Outcome(inp, phases, causes, codes.WILL_FAIL, at, why)
-    worst, why = codes.FITS, ""
+        return Outcome(
+            inp, phases, causes, codes.WILL_FAIL, at, why, codes.XE_PEER_CONTEXT_OOM, host_judged
+        )
+    worst, why, side = codes.FITS, "", None
     for name, phase in phases.items():
-        for where, judged in (
-            (codes.HOST, _judge_host(inp, phase)),
-            (codes.DEVICE, _judge_device(inp, name, phase)),
-        ):
+        for where, judge in ((codes.DEVICE, _judge_device), (codes.HOST, _judge_host)):
+            judged, share = judge(inp, name, phase)
             if judged == codes.RUNS_OUT:
+                at = {"phase": name, "where": where}
                 return Outcome(
-                    inp, phases, causes, codes.RUNS_OUT, {"phase": name, "where": where}, where
+                    inp,
+                    phases,
+                    causes,
+                    codes.RUNS_OUT,
+                    at,
+                    f"{where} at {name}: {share}",
+                    _main_cause(causes, where),
+                    host_judged,
                 )
             if judged == codes.AT_RISK and worst == codes.FITS:
-                worst, why = codes.AT_RISK, f"{where} at {name}"
-    return Outcome(inp, phases, causes, worst, None, why)
+                worst, why, side = codes.AT_RISK, f"{where} at {name}: {share}", where
+    oom = inp.xe_peer_condition
+    if worst == codes.FITS and oom is not None:
+        worst, why = (
+            codes.AT_RISK,
+            f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown",
+        )
+        return Outcome(
+            inp, phases, causes, worst, None, why, codes.XE_PEER_CONTEXT_OOM, host_judged
+        )
+    return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side), host_judged)

@@ -1,17 +1,21 @@
 """What would make the start-up fit: each remedy changes the phase model's inputs as the
-remedy changes the machine or the command, and the same model is run again. Ranked: those
-that make it fit first, cheapest first; then the rest, by the host need they leave."""
+remedy changes the machine or the command, and the same model is run again. Only those
+that improve the verdict are remedies, ranked: those that make it fit first, cheapest
+first; then the rest, by the host need they leave. The others are kept apart, with the
+verdict they would leave, as what does not help."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from vllm_xpu_memfix.cli.doctor import codes, model
-from vllm_xpu_memfix.cli.doctor.facts import Measurement
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.units import GiB, MiB
-from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
+from vllm_xpu_memfix.memory.room import Room
+from vllm_xpu_memfix.startup import codes
+from vllm_xpu_memfix.startup import phases as model
 
 # Cheapest first: a variable, a plugin switch, a flag that costs time, one that costs KV
 # cache, one that costs P2P, an image, a checkpoint, a driver, a kernel, hardware.
@@ -22,16 +26,39 @@ COST_ORDER = (
     codes.GPU_MEMORY_UTILIZATION,
     codes.NO_PEER_ACCESS,
     codes.NEWER_IMAGE,
+    codes.QUANTIZE,
     codes.PREQUANTIZED_CHECKPOINT,
     codes.COMPUTE_RUNTIME_26_27,
     codes.COMPUTE_RUNTIME_26_05,
     codes.KERNEL_7_1,
     codes.CONTAINER_LIMIT,
     codes.MORE_HOST_RAM,
+    codes.MORE_GPUS,
 )
 _RANK = {verdict: i for i, verdict in enumerate(codes.VERDICTS)}
 LOWEST_UTILIZATION = 0.30
 PLUGIN = "vllm-xpu-memfix"
+# Tensor-parallel sizes tried for more_gpus (vLLM needs TP to divide the heads).
+TP_SIZES = (2, 4, 8, 16)
+# Formats tried for quantize, with their device bytes per linear weight and their cost.
+QUANT_FORMATS = (
+    ("fp8", 1.0, "-q fp8: 8-bit weights, converted while loading; a small accuracy cost"),
+    (
+        "sym_int4",
+        catalog.ONE_LAYOUT,
+        "-q sym_int4 (Intel's llm-scaler images): 4-bit weights, converted while loading; "
+        "a larger accuracy cost",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the remedies' wording needs beyond the model's inputs."""
+
+    user_set: Mapping[str, str] = field(default_factory=dict)  # driver keys the user set
+    room: Room | None = None
+    image: catalog.Image | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +67,13 @@ class Remedy:
     what: str
     cost: str
     after: model.Outcome
+
+    def helps(self, before: model.Outcome) -> bool:
+        """Whether it leaves a better verdict, or the same at-risk one with less need."""
+        after, now = _RANK[self.after.verdict], _RANK[before.verdict]
+        if after != now:
+            return after < now
+        return before.verdict == codes.AT_RISK and self.after.host_need < before.host_need
 
     def as_dict(self) -> dict[str, object]:
         device = self.after.device_need
@@ -57,21 +91,19 @@ def _gib(value: float) -> str:
     return f"{value / GiB:,.1f} GiB"
 
 
-def _guard(measured: Measurement) -> str:
+def _guard(inp: model.Inputs, context: Context) -> str:
     keys = "NEOReadDebugKeys=1 EnableDeferBacking=0"
-    if measured.guard.user_set:
-        return (
-            f"unset {' '.join(measured.guard.user_set)}: the plugin's driver guard then sets {keys}"
-        )
-    if measured.plugin:
-        return f"{config.DRIVER_ENV.env}=auto (or on): the plugin's driver guard sets {keys}"
-    return f"install {PLUGIN} (its driver guard sets {keys}), or set {keys} for vllm serve"
+    if not inp.plugin:
+        return f"set {keys} for vllm serve, or install {PLUGIN} (its driver guard sets them)"
+    if context.user_set:
+        return f"unset {' '.join(context.user_set)}: the plugin's driver guard then sets {keys}"
+    return f"{config.DRIVER_ENV.env}=auto (or on): the plugin's driver guard sets {keys}"
 
 
-def _no_peer(measured: Measurement) -> str:
+def _no_peer(inp: model.Inputs) -> str:
     keys = f"{dfacts.READ_DEBUG_KEYS}=1 {dfacts.FORCE_PEER_ACCESS}=0"
     switch = config.SWITCHES[config.DRIVER_ENV.key]
-    if measured.plugin and "no_peer_access" in switch.choices:
+    if inp.plugin and "no_peer_access" in switch.choices:
         return f"{config.DRIVER_ENV.env}=no_peer_access (sets {keys})"
     return f"set {keys} for vllm serve"
 
@@ -94,9 +126,41 @@ def _slots(inp: model.Inputs) -> int:
     return 1
 
 
-def _candidates(
-    measured: Measurement, out: model.Outcome
-) -> list[tuple[str, str, str, model.Inputs]]:
+def _more_gpus(inp: model.Inputs) -> list[tuple[str, str, str, model.Inputs]]:
+    """The smallest larger TP, over as many GPUs, with which the start-up fits."""
+    for tp in (size for size in TP_SIZES if size > inp.tp):
+        wider = replace(inp, tp=tp, gpus_in_context=max(tp, inp.gpus_in_context))
+        if model.run(wider).verdict == codes.FITS:
+            return [
+                (
+                    codes.MORE_GPUS,
+                    f"--tensor-parallel-size {tp} on {tp} GPUs",
+                    f"{tp - min(inp.tp, inp.gpus_in_context or inp.tp)} more GPU(s); TP must "
+                    "divide the attention heads",
+                    wider,
+                )
+            ]
+    return []
+
+
+def _quantize(inp: model.Inputs) -> list[tuple[str, str, str, model.Inputs]]:
+    """The first format, fewest bytes lost first, with which the start-up fits."""
+    if inp.linear_bytes_per_weight < 2.0 or not inp.linear_params:
+        return []
+    for name, per_weight, cost in QUANT_FORMATS:
+        quantized = replace(
+            inp,
+            linear_bytes_per_weight=per_weight,
+            on_the_fly=True,
+            int4_layouts=1 if name == "sym_int4" else 0,
+            legacy_load=False,
+        )
+        if model.run(quantized).verdict == codes.FITS:
+            return [(codes.QUANTIZE, f"-q {name}", cost, quantized)]
+    return []
+
+
+def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     inp = out.inputs
     found: list[tuple[str, str, str, model.Inputs]] = []
     peer_oom = inp.gpus_in_context >= 2 and inp.xe_peer_oom is not False
@@ -104,7 +168,7 @@ def _candidates(
         found.append(
             (
                 codes.DRIVER_GUARD,
-                _guard(measured),
+                _guard(inp, context),
                 "a debug key: Intel's interim workaround (vllm #50269), which its driver "
                 "maintainer calls debug-only; P2P is kept",
                 replace(inp, defer_backing_off=True),
@@ -122,7 +186,7 @@ def _candidates(
     if inp.host_copy or peer_oom:
         cost = "none at TP 1" if inp.tp == 1 else f"no P2P: {dfacts.NO_PEER_ACCESS_COST}"
         found.append(
-            (codes.NO_PEER_ACCESS, _no_peer(measured), cost, replace(inp, peer_access_off=True))
+            (codes.NO_PEER_ACCESS, _no_peer(inp), cost, replace(inp, peer_access_off=True))
         )
     if peer_oom:
         fixed = driver.runtime_from_version(dfacts.XE_PEER_OOM_FIXED_ON_MASTER.tag, "remedy")
@@ -151,7 +215,7 @@ def _candidates(
     }
     if inp.staging and inp.staging_ranks > 1 and staging_matters:
         slots = _slots(inp)
-        honour = "" if measured.plugin else f" with {PLUGIN} installed (vLLM alone ignores it)"
+        honour = "" if inp.plugin else f" with {PLUGIN} installed (vLLM alone ignores it)"
         found.append(
             (
                 codes.LOAD_SLOTS,
@@ -171,12 +235,10 @@ def _candidates(
             )
         )
     if inp.int4_layouts == 2:
-        from vllm_xpu_memfix.cli.doctor import catalog
-
         found.append(
             (
                 codes.NEWER_IMAGE,
-                f"{catalog.ONE_LAYOUT_IMAGE} (one device layout per sym_int4 weight, "
+                f"{_one_layout_image(context)} (one device layout per sym_int4 weight, "
                 "llm-scaler PR #589)",
                 "an image pull; the same vLLM 0.21 line",
                 replace(inp, int4_layouts=1, linear_bytes_per_weight=catalog.ONE_LAYOUT),
@@ -197,7 +259,7 @@ def _candidates(
     if not inp.kv_headroom and inp.burst is not None and inp.kv_cache_bytes is None:
         on = replace(inp, kv_headroom=True)
         if out.fails_at == {"phase": codes.WARMUP, "where": codes.DEVICE}:
-            switch = f"{config.KV_HEADROOM.env}=auto" if measured.plugin else f"install {PLUGIN}"
+            switch = f"{config.KV_HEADROOM.env}=auto" if inp.plugin else f"install {PLUGIN}"
             found.append(
                 (
                     codes.KV_HEADROOM,
@@ -207,13 +269,23 @@ def _candidates(
                     on,
                 )
             )
-    found += _more_room(measured, out)
+    found += _more_room(context, out)
+    found += _quantize(inp)
+    found += _more_gpus(inp)
     return found
 
 
-def _more_room(
-    measured: Measurement, out: model.Outcome
-) -> list[tuple[str, str, str, model.Inputs]]:
+def _one_layout_image(context: Context) -> str:
+    """The one-layout image; never one older than the image the machine runs."""
+    order = [image.tag for image in catalog.IMAGES]
+    target = catalog.ONE_LAYOUT_IMAGE.rpartition(":")[2]
+    image = context.image
+    if image is not None and order.index(image.tag) > order.index(target):
+        return f"an llm-scaler image newer than {image.tag}"
+    return catalog.ONE_LAYOUT_IMAGE
+
+
+def _more_room(context: Context, out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     inp = out.inputs
     host_trouble = out.fails_at is not None and out.fails_at["where"] == codes.HOST
     if inp.room is None or not (host_trouble or out.verdict == codes.AT_RISK):
@@ -222,8 +294,9 @@ def _more_room(
     extra = max(0.0, wanted - inp.room)
     if extra <= 0:
         return []
-    cgroup = measured.room.cgroup.room
-    available = measured.room.mem_available
+    room = context.room
+    cgroup = room.cgroup.room if room else None
+    available = room.mem_available if room else None
     if cgroup is not None and available is not None and cgroup < available:
         return [
             (
@@ -243,15 +316,24 @@ def _more_room(
     ]
 
 
-def remedies(measured: Measurement, out: model.Outcome) -> list[Remedy]:
-    """The remedies that apply, each with the outcome of the model run with it, ranked."""
+@dataclass(frozen=True)
+class Judged:
+    """The remedies that improve the verdict, ranked, and those that do not."""
+
+    remedies: list[Remedy]
+    not_helping: list[Remedy]
+
+
+def remedies(out: model.Outcome, context: Context | None = None) -> Judged:
+    """Each remedy that applies, with the outcome of the model run with it."""
     if out.verdict == codes.FITS:
-        return []
+        return Judged([], [])
     found = [
         Remedy(code, what, cost, model.run(inputs))
-        for code, what, cost, inputs in _candidates(measured, out)
+        for code, what, cost, inputs in _candidates(context or Context(), out)
     ]
-    return sorted(
+    ranked = sorted(
         found,
         key=lambda r: (_RANK[r.after.verdict], COST_ORDER.index(r.code), r.after.host_need),
     )
+    return Judged([r for r in ranked if r.helps(out)], [r for r in ranked if not r.helps(out)])

@@ -1,6 +1,7 @@
-"""What doctor knows without being told: Intel GPU models (id, memory) and Intel's
-llm-scaler vLLM images (their sym_int4, the variables their Dockerfile sets, the
-compute-runtime they bundle), each row with its source.
+"""The one table of Intel GPUs (PCI id, family, product, memory) and the one table of
+Intel's llm-scaler vLLM images (their sym_int4, the variables their Dockerfile sets, the
+compute-runtime they bundle), each row with its source. The driver guard, the start-up
+model and doctor all read these; nothing else lists a GPU or an image.
 
 A host file's own value always wins over a row here (``[gpu] memory_gib``,
 ``[driver] compute_runtime``, ``[env]``).
@@ -10,9 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm_xpu_memfix.intel import driver
-
 # --- GPU models ---------------------------------------------------------------------------
+# Battlemage PCI device ids, from compute-runtime's
+# shared/source/xe2_hpg_core/bmg/definitions/device_ids_configs_bmg.h. Whether a GPU is
+# Battlemage is read from these sets alone, whether or not its product is in GPU_MODELS.
+BMG_G21 = frozenset(
+    {0xE202, 0xE209, 0xE20B, 0xE20C, 0xE20D, 0xE210, 0xE211, 0xE212, 0xE215, 0xE216}
+)
+BMG_G31 = frozenset({0xE220, 0xE221, 0xE222, 0xE223})
 # Device ids: compute-runtime's device_ids_configs_bmg.h (driver.BMG_G21 / BMG_G31) and
 # shared/source/xe_hpg_core/dg2/definitions/device_ids_configs_dg2_base.h (DG2 G10: 0x56A0
 # A770, 0x56A1 A750, 0x56A2 A580; G11: 0x56A5 A380; G12: 0x56B3 Pro A60). Names per id:
@@ -42,8 +48,15 @@ GPU_MODELS = (
 )
 _BY_NAME = {m.name.lower(): m for m in GPU_MODELS}
 _BY_ID = {m.device_id: m for m in GPU_MODELS}
-for _id, (_name, _gib) in driver.KNOWN_PRODUCTS.items():
-    assert _BY_ID[_id].name == _name and _BY_ID[_id].memory_gib == _gib, _name
+
+
+def family(device_id: int) -> str | None:
+    """``Battlemage G21`` / ``Battlemage G31`` by compute-runtime's id lists, else None."""
+    if device_id in BMG_G21:
+        return "Battlemage G21"
+    if device_id in BMG_G31:
+        return "Battlemage G31"
+    return None
 
 
 def model_named(name: str) -> GpuModel | None:
@@ -59,9 +72,15 @@ def model_of(device_id: int) -> GpuModel | None:
     return _BY_ID.get(device_id)
 
 
-def product(gpu: driver.Gpu) -> str:
-    known = _BY_ID.get(gpu.device_id)
-    return known.name if known else gpu.product
+def product(device_id: int) -> str:
+    """The product's name, else its family, else ``Intel GPU``."""
+    known = _BY_ID.get(device_id)
+    return known.name if known else (family(device_id) or "Intel GPU")
+
+
+def memory_gib(device_id: int) -> float | None:
+    known = _BY_ID.get(device_id)
+    return known.memory_gib if known else None
 
 
 GPU_NAMES = ", ".join(m.name for m in GPU_MODELS)

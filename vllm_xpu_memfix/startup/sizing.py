@@ -1,33 +1,42 @@
-"""What the serve command will need: host bytes per rank and per cause, against the room
-there is, and the verdict. Works on a Measurement alone; reads nothing."""
+"""The start-up model's inputs from what was read: the checkpoint, the engine's arguments
+(a pasted serve line, doctor's flags, or the engine's own configuration) and the machine
+(this one, or one described in a file). Reads nothing itself."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_xpu_memfix.cli.doctor import catalog, model
-from vllm_xpu_memfix.cli.doctor.facts import OFFLOAD, Measurement, ServeArgs
-from vllm_xpu_memfix.cli.doctor.model import AT_RISK_SHARE, BASELINE_PER_RANK
-from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM
-from vllm_xpu_memfix.fixes import driver_env
-from vllm_xpu_memfix.intel import driver_facts
+from vllm_xpu_memfix.intel import catalog, driver, driver_facts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
 from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
+from vllm_xpu_memfix.startup import phases, reserve
 
-__all__ = ["AT_RISK_SHARE", "BASELINE_PER_RANK"]
 # Quantization methods that convert 16-bit weights while loading, through the host.
 ON_THE_FLY_QUANT = {"sym_int4", "fp8", "int4", "woq_int4"}
 INT4 = {"sym_int4", "int4", "woq_int4"}
+# Checkpoints quantized ahead of time: device bytes per linear weight element (4-bit with
+# a 16-bit scale per group of 128, or 8-bit), by the method config.json names
+# (quantization_config.quant_method) or the suffix of the model's name.
+PREQUANTIZED_BYTES = {
+    "fp8": 1.0,
+    "w8a8": 1.0,
+    "int8": 1.0,
+    "awq": catalog.ONE_LAYOUT,
+    "gptq": catalog.ONE_LAYOUT,
+    "int4": catalog.ONE_LAYOUT,
+    "w4a16": catalog.ONE_LAYOUT,
+    "compressed-tensors": None,  # the scheme says which: read the tensors, else unknown
+}
+_NAME_FORMAT = re.compile(r"[-_.](fp8|awq|gptq|int4|w4a16|w8a8|int8)(?=$|[-_.])", re.IGNORECASE)
 # vLLM's `vllm serve` defaults where the line does not give them (EngineArgs: 256
 # sequences outside the large data-centre GPUs; 8192 batched tokens for the API server).
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_BATCHED_TOKENS = 8192
 _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
-_FLAG_DTYPES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+FLAG_DTYPES = {"auto": 0, "float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 _EXPERT = re.compile(r"^(?P<layer>.*\.experts)\.\d+\.(?P<proj>\w+)\.weight$")
 _SIDE = {
     "gate_proj": "w13",
@@ -40,29 +49,62 @@ _SIDE = {
 
 
 @dataclass(frozen=True)
-class Estimate:
-    """Host memory the serve command needs against the room there is, and the verdict;
-    ``outcome`` holds the phases, causes and verdict of the phase model."""
+class ServeArgs:
+    """The engine arguments the model reads, as given (None: vLLM's default)."""
 
-    mirror_active: bool
-    staging_why: str
-    per_rank: dict[str, float]
-    total: dict[str, float]
-    room: float
-    causes: dict[str, float]
-    outcome: model.Outcome
+    model: str | None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.92
+    quantization: str | None = None
+    dtype: str | None = None
+    device_memory_gib: float | None = None
+    max_parallel_loading_workers: int | None = None
+    params: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_dtype: str | None = None
+    # Flags of a pasted serve line that doctor does not model, as given.
+    not_modelled: tuple[str, ...] = ()
 
-    @property
-    def verdict(self) -> str:
-        return self.outcome.verdict
 
-    @property
-    def need(self) -> float:
-        return self.total["host_need"]
+@dataclass(frozen=True)
+class Machine:
+    """What the model needs of the machine that will serve: read from this one, or from a
+    host file. ``room`` None: not known (the host side is then not judged)."""
 
-    @property
-    def main_cause(self) -> str:
-        return max(self.causes, key=lambda k: self.causes[k])
+    gpus_visible: int
+    battlemage_visible: int
+    device_bytes: float | None
+    runtime: driver.Runtime | None
+    kernel: tuple[int, int] | None
+    # The serving processes' environment, with what the driver guard sets there.
+    environ: Mapping[str, str] = field(default_factory=dict)
+    room: float | None = None
+    swap: float = 0.0
+    p2p: bool | None = None
+    plugin: bool = True
+    kv_headroom: bool = False
+    kv_headroom_slack: float = reserve.DEFAULT_SLACK
+    load_slots: int | None = None
+    legacy_load: tuple[bool, str] = (False, "")
+    int4_layouts: int = 1
+
+
+def checkpoint_format(ckpt: Checkpoint | None, name: str | None) -> tuple[str | None, str]:
+    """The format a checkpoint was quantized to ahead of time, and where that was read:
+    config.json's ``quantization_config``, else the model's name (then assumed)."""
+    if ckpt is not None:
+        quant = text_config(ckpt.config).get("quantization_config") or ckpt.config.get(
+            "quantization_config"
+        )
+        if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
+            return quant["quant_method"].lower(), "config.json quantization_config"
+    match = _NAME_FORMAT.search(name or "")
+    if match:
+        return match.group(1).lower(), f"assumed from the model's name ({match.group(0)[1:]})"
+    return None, ""
 
 
 def _config_int(section: dict[str, Any], *keys: str) -> int | None:
@@ -112,23 +154,6 @@ def largest_staged_params(ckpt: Checkpoint) -> tuple[float, str]:
     return linear, "a linear layer"
 
 
-def _staging(
-    ckpt: Checkpoint | None, args: ServeArgs, legacy: tuple[bool, str]
-) -> tuple[float, str]:
-    """Host bytes per rank for weight conversion during loading, with the reason."""
-    quant = (args.quantization or "").lower()
-    if ckpt is None or quant not in ON_THE_FLY_QUANT or ckpt.dtype not in ("BF16", "F16", "F32"):
-        return 0.0, "no on-the-fly quantization"
-    tp = args.tensor_parallel_size
-    params, unit = largest_staged_params(ckpt)
-    per_layer = params / tp * STAGING_BYTES_PER_PARAM
-    holds_shard, why = legacy
-    if holds_shard and quant == "sym_int4":
-        return ckpt.total_bytes / tp + per_layer, why
-    in_flight = f"{unit} in flight (more if the allocator keeps freed staging)"
-    return per_layer, in_flight if why.startswith(f"{OFFLOAD} unset") else f"{in_flight}; {why}"
-
-
 def _split_weights(ckpt: Checkpoint) -> tuple[float, float]:
     """(16-bit linear params, bytes of everything else). Without tensor headers every
     16-bit weight is taken for a linear layer."""
@@ -142,19 +167,21 @@ def _split_weights(ckpt: Checkpoint) -> tuple[float, float]:
     return linear, total - 2 * linear
 
 
-def _bytes_per_weight(measured: Measurement, args: ServeArgs, ckpt: Checkpoint) -> float:
-    quant = (args.quantization or "").lower()
+def _bytes_per_weight(machine: Machine, quant: str, ckpt: Checkpoint, args: ServeArgs) -> float:
     if quant in INT4:
-        return catalog.TWO_LAYOUTS if measured.int4_layouts == 2 else catalog.ONE_LAYOUT
+        return catalog.TWO_LAYOUTS if machine.int4_layouts == 2 else catalog.ONE_LAYOUT
     if quant == "fp8":
         return 1.0
-    return float(_FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."), 0)) or float(
+    prequantized = PREQUANTIZED_BYTES.get(quant)
+    if prequantized:
+        return prequantized
+    return float(FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."), 0)) or float(
         _DTYPE_BYTES.get(ckpt.dtype, 2)
     )
 
 
 def _logits_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
-    flag = _FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."))
+    flag = FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."))
     return flag or (_DTYPE_BYTES.get(ckpt.dtype, 2) if ckpt else 2)
 
 
@@ -203,97 +230,75 @@ def _forward(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[float, Any, floa
     return activations, burst, _kv_bytes_per_token(text, args, dtype)
 
 
-def _kv_headroom_on(measured: Measurement) -> bool:
-    settings = measured.settings
-    if not measured.plugin or settings is None or not settings.requested(config.KV_HEADROOM):
-        return False
-    return settings.mode(config.KV_HEADROOM) is config.Mode.ON or bool(measured.visible)
+def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tuple[bool, str]:
+    """Whether sym_int4's legacy load buffers each rank's whole shard, and why."""
+    holds_shard, why = machine.legacy_load
+    legacy = holds_shard and quant == "sym_int4"
+    if not legacy:
+        in_flight = f"{unit} in flight (more if the allocator keeps freed staging)"
+        why = f"{in_flight}; {why}" if why else in_flight
+    tp, slots = args.tensor_parallel_size, machine.load_slots
+    if slots is not None and slots < tp:
+        why += f"; the load lock lets {slots} of {tp} ranks stage at once"
+    return legacy, why
 
 
-def effective_env(measured: Measurement) -> dict[str, str]:
-    """The serving processes' environment, with what the driver guard sets."""
-    env = dict(measured.environ)
-    driver_env.apply(measured.guard, env)
-    return env
+def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[str, str]:
+    """The method the weights load with (``-q``, else the checkpoint's format), and the
+    ``assumed:`` line where only the model's name said so."""
+    given = (args.quantization or "").lower()
+    if given:
+        return given, ""
+    found, source = checkpoint_format(ckpt, args.model)
+    if found is None:
+        return "", ""
+    return found, (f"{found} checkpoint, {source}" if source.startswith("assumed") else "")
 
 
-def inputs_for(measured: Measurement, args: ServeArgs) -> model.Inputs:
-    """The phase model's inputs from what doctor read (or was told)."""
-    ckpt = measured.ckpt
-    quant = (args.quantization or "").lower()
-    keys = driver_facts.debug_keys(effective_env(measured))
+def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> phases.Inputs:
+    """The phase model's inputs for serving ``ckpt`` with ``args`` on ``machine``."""
+    quant, _ = quantization(ckpt, args)
+    prequantized = checkpoint_format(ckpt, args.model)[0] is not None
+    keys = driver_facts.debug_keys(machine.environ)
     activations, burst, kv_per_token = _forward(ckpt, args)
-    room = measured.room.bytes
-    unknown_room = room is None and measured.described is not None
     weights: dict[str, Any] = {}
     if ckpt is not None:
         linear, other = _split_weights(ckpt)
-        on_the_fly = quant in ON_THE_FLY_QUANT and ckpt.dtype in _DTYPE_BYTES
+        on_the_fly = not prequantized and quant in ON_THE_FLY_QUANT and ckpt.dtype in _DTYPE_BYTES
+        unit, unit_kind = largest_staged_params(ckpt) if on_the_fly else (0.0, "")
+        legacy, why = _load_mode(machine, args, quant, unit_kind)
         weights = {
             "other_weight_bytes": other,
             "linear_params": linear,
-            "linear_bytes_per_weight": _bytes_per_weight(measured, args, ckpt),
-            "int4_layouts": measured.int4_layouts if quant in INT4 else 0,
+            "linear_bytes_per_weight": _bytes_per_weight(machine, quant, ckpt, args),
+            "int4_layouts": machine.int4_layouts if quant in INT4 else 0,
             "on_the_fly": on_the_fly,
-            "unit_params": largest_staged_params(ckpt)[0] if on_the_fly else 0.0,
+            "unit_params": unit,
             "shard_16bit": float(ckpt.total_bytes),
+            "legacy_load": legacy,
+            "load_mode_why": why,
         }
-    return model.Inputs(
+    return phases.Inputs(
         tp=args.tensor_parallel_size,
         utilization=args.gpu_memory_utilization,
-        device_bytes=float(measured.device_bytes) if measured.device_bytes else None,
+        device_bytes=machine.device_bytes,
         **weights,
-        legacy_load=measured.legacy[0] and quant == "sym_int4",
-        load_mode_why=measured.legacy[1],
-        staging_slots=measured.load_slots,
+        staging_slots=machine.load_slots,
         kv_cache_bytes=args.kv_cache_memory_bytes,
         activation_bytes=activations,
         burst=burst,
-        kv_headroom=_kv_headroom_on(measured),
+        kv_headroom=machine.kv_headroom,
+        kv_headroom_slack=machine.kv_headroom_slack,
         kv_bytes_per_token=kv_per_token,
         max_model_len=args.max_model_len,
-        gpus_in_context=len(measured.visible),
-        battlemage_in_context=measured.visible_battlemage,
-        runtime=measured.runtime,
-        kernel=measured.kernel.version if measured.kernel else None,
+        gpus_in_context=machine.gpus_visible,
+        battlemage_in_context=machine.battlemage_visible,
+        runtime=machine.runtime,
+        kernel=machine.kernel,
         defer_backing_off=keys.defer_backing_off,
         peer_access_off=keys.peer_access_off,
-        room=None if unknown_room else float(room or 0),
-        swap=float(measured.snap.swap_free or 0),
+        p2p=machine.p2p,
+        plugin=machine.plugin,
+        room=machine.room,
+        swap=machine.swap,
     )
-
-
-def decide(measured: Measurement, args: ServeArgs, environ: Mapping[str, str]) -> Estimate:
-    """Host need per rank and per cause, the room for it, and whether it fits."""
-    del environ  # the environment is the measurement's (this process's, or a host file's)
-    tp = args.tensor_parallel_size
-    snap, ckpt = measured.snap, measured.ckpt
-    outcome = model.run(inputs_for(measured, args))
-    inp = outcome.inputs
-    staging, staging_why = _staging(ckpt, args, measured.legacy)
-    if inp.staging_ranks < tp and staging:
-        staging_why += f"; the load lock lets {inp.staging_ranks} of {tp} ranks stage at once"
-    at_kv = outcome.phases["kv_cache"]
-    device_use = at_kv.device or 0.0
-    per_rank = {
-        "device_use": device_use,
-        "driver_mirror": device_use if inp.host_copy else 0.0,
-        "quantization_staging": inp.staging,
-        "process_baseline": float(BASELINE_PER_RANK),
-    }
-    room = float(measured.room.bytes or 0)
-    total = {
-        "host_need": outcome.host_need,
-        "page_cache": float(ckpt.total_bytes) if ckpt else 0.0,
-        "mem_available": float(snap.mem_available or 0),
-        "room": room,
-        "swap_free": float(snap.swap_free or 0),
-    }
-    if measured.room.cgroup.room is not None:
-        total["cgroup_room"] = float(measured.room.cgroup.room)
-    causes = {
-        "driver mirror": tp * per_rank["driver_mirror"],
-        "quantization staging": inp.staging_ranks * inp.staging,
-        "process baseline": tp * per_rank["process_baseline"],
-    }
-    return Estimate(inp.host_copy, staging_why, per_rank, total, room, causes, outcome)
