@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 
 from vllm_xpu_memfix import cli
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.core.units import STAGING_BYTES_PER_PARAM
 from vllm_xpu_memfix.memory.attribution import attribute
 from vllm_xpu_memfix.memory.checkpoint import DTYPE_BITS, INDEX_NAME
 from vllm_xpu_memfix.memory.ledger import Ledger
 from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.startup.staging import STAGING_BYTES_PER_PARAM
 
 MiB = 1024**2
 # A valid small checkpoint: three tensors, 35 bytes of data.

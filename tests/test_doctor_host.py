@@ -283,7 +283,9 @@ def test_a_described_machine_is_judged_without_the_plugin_unless_it_is_installed
     assert without["gpus"]["driver_guard"].startswith("sets nothing: the plugin is not installed")
     assert without["remedies"][0]["code"] == "driver_guard"
     first = without["remedies"][0]["what"]
-    assert first.startswith("set NEOReadDebugKeys=1 EnableDeferBacking=0 for vllm serve, or install")
+    assert first.startswith(
+        "set NEOReadDebugKeys=1 EnableDeferBacking=0 for vllm serve, or install"
+    )
     assert without["not_modelled"] == ["--enforce-eager"]
     assert without["machine"].endswith("host.toml")
 

@@ -140,9 +140,10 @@ def test_two_a770_on_an_old_kernel_will_fail_whatever_the_memory(tmp_path, qwen)
         machine(tmp_path, "Arc A770", 2, kernel=None, runtime="26.14", p2p=True), str(qwen)
     )
     assert unknown["verdict"] != codes.WILL_FAIL, "an unknown kernel: #916 only possible"
-    assert "(possible: the kernel release not known" in cause(unknown, codes.XE_PEER_CONTEXT_OOM)[
-        "why"
-    ]
+    assert (
+        "(possible: the kernel release not known"
+        in cause(unknown, codes.XE_PEER_CONTEXT_OOM)["why"]
+    )
 
 
 def test_916_without_known_peer_access_is_possible_and_says_how_to_check(tmp_path, qwen):

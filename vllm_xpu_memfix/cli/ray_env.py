@@ -37,8 +37,13 @@ def ray_line() -> str:
 
 def main(args: argparse.Namespace) -> int:
     settings = config.load()
-    # What the node needs, whatever this shell already holds.
-    decision = driver_env.decide(settings, driver_env.without_guard(os.environ))
+    # What the node needs, whatever this shell already holds, and whatever the plugin's
+    # switches here: with the guard off the variables are the user's to set.
+    environ = driver_env.without_guard(os.environ)
+    guard_off = not settings.requested(config.DRIVER_ENV)
+    if guard_off:
+        environ = {**environ, config.MASTER.name: "1", config.DRIVER_ENV.env: "auto"}
+    decision = driver_env.decide(config.load(environ), environ)
     needed = decision.env
     runtime_env = {"env_vars": needed}
     if args.json:
@@ -49,6 +54,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"# this node needs no driver variables: {said}")
         return 0
     print(f"# this node needs the driver guard: {decision.reason} ({driver_env.EVIDENCE})")
+    if guard_off:
+        print("# the plugin's driver guard is off here: these are yours to set")
     if driver_env.NO_PEER in needed:
         print(f"# {driver_env.NO_PEER}=0 turns P2P off: {facts.NO_PEER_ACCESS_COST}")
     if decision.xe_peer_oom is not None:

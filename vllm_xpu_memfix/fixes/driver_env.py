@@ -272,7 +272,9 @@ def decide_for(
     keys = facts.debug_keys(environ)
     user_set = {k: environ[k] for k in DRIVER_KEYS if k in environ}
     mode = settings.mode(FIX)
-    if mode is Mode.OFF or not settings.enabled:
+    if not settings.enabled:
+        return Decision(False, f"{config.MASTER.name}=0 (the plugin is off)", user_set=user_set)
+    if mode is Mode.OFF:
         return Decision(False, f"{FIX.env}=off", user_set=user_set)
     host = host_of()
     env, reason, copy_without = _choose(mode, host, keys, environ)

@@ -132,7 +132,7 @@ class Inputs:
         )
 
     @property
-    def xe_peer_oom(self) -> bool | None:
+    def peer_oom(self) -> bool | None:
         """compute-runtime #916 will strike (True), cannot (False), or a part of its
         condition is not known (None)."""
         oom = self.xe_peer_condition
@@ -379,7 +379,7 @@ def run(inp: Inputs) -> Outcome:
         return Outcome(
             inp, phases, causes, codes.WILL_FAIL, at, why, codes.TP_EXCEEDS_GPUS, host_judged
         )
-    if inp.xe_peer_oom:
+    if inp.peer_oom:
         at = {"phase": codes.LOAD, "where": codes.DEVICE}
         why = "compute-runtime #916: every device allocation fails"
         return Outcome(

@@ -126,44 +126,62 @@ def _slots(inp: model.Inputs) -> int:
     return 1
 
 
-def _more_gpus(inp: model.Inputs) -> list[tuple[str, str, str, model.Inputs]]:
-    """The smallest larger TP, over as many GPUs, with which the start-up fits."""
-    for tp in (size for size in TP_SIZES if size > inp.tp):
-        wider = replace(inp, tp=tp, gpus_in_context=max(tp, inp.gpus_in_context))
-        if model.run(wider).verdict == codes.FITS:
-            return [
-                (
-                    codes.MORE_GPUS,
-                    f"--tensor-parallel-size {tp} on {tp} GPUs",
-                    f"{tp - min(inp.tp, inp.gpus_in_context or inp.tp)} more GPU(s); TP must "
-                    "divide the attention heads",
-                    wider,
-                )
-            ]
-    return []
+def _first_better(
+    before: model.Outcome, tries: list[tuple[model.Inputs, str, str]]
+) -> tuple[model.Inputs, str, str] | None:
+    """The first try that fits, else the first that leaves a better verdict."""
+    judged = [(model.run(inputs).verdict, (inputs, what, cost)) for inputs, what, cost in tries]
+    fitting = [found for verdict, found in judged if verdict == codes.FITS]
+    better = [found for verdict, found in judged if _RANK[verdict] < _RANK[before.verdict]]
+    return next(iter(fitting or better), None)
 
 
-def _quantize(inp: model.Inputs) -> list[tuple[str, str, str, model.Inputs]]:
-    """The first format, fewest bytes lost first, with which the start-up fits."""
+def _more_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """The smallest larger TP, over as many GPUs, with which the start-up fits (or does
+    better)."""
+    inp = out.inputs
+    visible = min(inp.tp, inp.gpus_in_context or inp.tp)
+    tries = [
+        (
+            replace(inp, tp=tp, gpus_in_context=max(tp, inp.gpus_in_context)),
+            f"--tensor-parallel-size {tp} on {tp} GPUs",
+            f"{tp - visible} more GPU(s); TP must divide the attention heads",
+        )
+        for tp in TP_SIZES
+        if tp > inp.tp
+    ]
+    found = _first_better(out, tries)
+    return [(codes.MORE_GPUS, found[1], found[2], found[0])] if found else []
+
+
+def _quantize(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """The first format, fewest bytes lost first, with which the start-up fits (or does
+    better)."""
+    inp = out.inputs
     if inp.linear_bytes_per_weight < 2.0 or not inp.linear_params:
         return []
-    for name, per_weight, cost in QUANT_FORMATS:
-        quantized = replace(
-            inp,
-            linear_bytes_per_weight=per_weight,
-            on_the_fly=True,
-            int4_layouts=1 if name == "sym_int4" else 0,
-            legacy_load=False,
+    tries = [
+        (
+            replace(
+                inp,
+                linear_bytes_per_weight=per_weight,
+                on_the_fly=True,
+                int4_layouts=1 if name == "sym_int4" else 0,
+                legacy_load=False,
+            ),
+            f"-q {name}",
+            cost,
         )
-        if model.run(quantized).verdict == codes.FITS:
-            return [(codes.QUANTIZE, f"-q {name}", cost, quantized)]
-    return []
+        for name, per_weight, cost in QUANT_FORMATS
+    ]
+    found = _first_better(out, tries)
+    return [(codes.QUANTIZE, found[1], found[2], found[0])] if found else []
 
 
 def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     inp = out.inputs
     found: list[tuple[str, str, str, model.Inputs]] = []
-    peer_oom = inp.gpus_in_context >= 2 and inp.xe_peer_oom is not False
+    peer_oom = inp.gpus_in_context >= 2 and inp.peer_oom is not False
     if inp.host_copy:
         found.append(
             (
@@ -270,8 +288,8 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
                 )
             )
     found += _more_room(context, out)
-    found += _quantize(inp)
-    found += _more_gpus(inp)
+    found += _quantize(out)
+    found += _more_gpus(out)
     return found
 
 
