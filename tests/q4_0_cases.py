@@ -19,7 +19,7 @@ import torch
 
 from vllm_xpu_memfix.kernels import q4_0_reference
 
-GOLDEN = Path(__file__).parent / "data" / "q4_0_golden" / "golden.safetensors"
+GOLDEN = Path(__file__).parent / "data" / "q4_0_golden"  # <build>-g<group>.safetensors
 
 
 def ggml_scalar(row: np.ndarray, group_size: int) -> tuple[list[int], list[np.float16]]:
@@ -81,13 +81,18 @@ def adversarial(group_size: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.stack(rows).to(dtype)
 
 
-def load_golden() -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, str]]:
-    """The golden data recorded from Intel's library: ``{case: {weight, qweight, scales}}``
-    and the provenance (tests/data/q4_0_golden/README.md)."""
+def golden_files() -> list[Path]:
+    """Every recording of a build of Intel's library: one file per build and group."""
+    return sorted(GOLDEN.glob("*-g*.safetensors"))
+
+
+def load_golden(path: Path) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, str]]:
+    """One recording from Intel's library: ``{case: {weight, qweight, scales}}`` and the
+    provenance (tests/data/q4_0_golden/README.md)."""
     from safetensors import safe_open
 
     cases: dict[str, dict[str, torch.Tensor]] = {}
-    with safe_open(str(GOLDEN), "pt") as f:
+    with safe_open(str(path), "pt") as f:
         for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             case, part = key.rsplit(".", 1)
             cases.setdefault(case, {})[part] = f.get_tensor(key)

@@ -233,7 +233,8 @@ DRIVER_ENV = Fix(
     key="driver_env",
     summary="Sets NEOReadDebugKeys=1 EnableDeferBacking=0 so the Intel driver does not pin a "
     "host copy of device memory (compute-runtime >= 26.09, 2+ Battlemage GPUs); warns of "
-    "compute-runtime #916 (2+ Intel GPUs, runtime 25.44 to 26.22, kernel before 7.1).",
+    "compute-runtime #916 (2+ Intel GPUs, runtime from 25.44 to before 26.22.38646.4, kernel "
+    "before 7.1).",
     auto_means="when 2+ Battlemage GPUs are visible and the runtime is affected or unknown; "
     "on: whenever the user has not set the variables",
     modes=(*ON_OFF_AUTO, Mode.NO_PEER_ACCESS),

@@ -20,8 +20,8 @@ Problem
     guard sets. 4 x 0.92 x 31.89 GiB = 117 GiB is arithmetic for llm-scaler #703's
     ">120 GB spike", not a measurement; no Intel GPU here has measured this guard.
     A second failure with the same GPUs (compute-runtime #916): with 2+ Intel GPUs
-    (any, A770 included) in one context, compute-runtime 25.44 up to 26.22 and a kernel
-    before 7.1, every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+    (any, A770 included) in one context, compute-runtime from 25.44 to before 26.22.38646.4 and a
+    kernel before 7.1, every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
     Intel's workaround there is ``ForceZeDeviceCanAccessPerReturnValue=0``; no report
     shows ``EnableDeferBacking=0`` helping.
     Intel says two things: its vLLM engineer recommends ``NEOReadDebugKeys=1
@@ -65,9 +65,9 @@ Switch
     ``VLLM_XPU_MEMFIX_SYSROOT`` roots the file look-ups.
 Upstream
     Belongs in compute-runtime (#953, #968, #980 are open; #916 is fixed in kernel 7.1
-    and worked around from 26.22), or in Unified Runtime, which makes every allocation
-    resident on every peer: intel/llvm #21889 restricted residency to peers with P2P
-    enabled, #22796 made that opt-in (``SYCL_UR_L0_RESTRICT_USM_RESIDENCY_TO_P2P=1``).
+    and worked around from 26.22.38646.4), or in Unified Runtime, which makes every
+    allocation resident on every peer: intel/llvm #21889 restricted that to P2P peers, #22796
+    made it opt-in (``SYCL_UR_L0_RESTRICT_USM_RESIDENCY_TO_P2P=1``, UR 2026.2.0 on).
 Remove when
     A compute-runtime release no longer pins the copy; the fix lies outside vLLM, so
     ``auto`` re-decides from the installed runtime at every start.

@@ -108,6 +108,8 @@ class Image:
     env: dict[str, str] = field(default_factory=dict)
     compute_runtime: str | None = None
     compute_runtime_source: str = "not known to doctor"
+    # True where the runtime is inferred (no thread or file of the image shows it).
+    compute_runtime_inferred: bool = False
 
     @property
     def duplicate_layout(self) -> bool:
@@ -116,13 +118,41 @@ class Image:
 
 # What the Dockerfiles set (llm-scaler tags, vllm/docker/Dockerfile ENV lines, read in
 # docs/research/intel-images-and-driver.md, table A.2). No tag sets a driver debug key.
-_SET_010 = {OFFLOAD: "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+# Every vllm/docker/Dockerfile in the repository sets VLLM_QUANTIZE_Q40_LIB (every tag from
+# vllm-0.2.0-b2 on, and all 70 branches that have the file); the 0.10-0.14 ones set
+# VLLM_WORKER_MULTIPROC_METHOD=spawn in their vllm-base stage, which the served stage
+# inherits (FROM vllm-base), as the 0.21 ones do in their own ENV.
+_LIB_010 = "/usr/local/lib/python3.12/dist-packages/vllm_int4_for_multi_arc.so"
+_LIB_021 = "/opt/venv/lib/python3.12/site-packages/vllm_int4_for_multi_arc.so"
+_SET_010 = {
+    Q40_LIB: _LIB_010,
+    OFFLOAD: "1",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+}
+_SET_010_B6 = {**_SET_010, "UR_L0_USE_IMMEDIATE_COMMANDLISTS": "0"}
 _SET_014_B82 = {**_SET_010, "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
-_SET_021 = {**_SET_010, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+_SET_021 = {**_SET_010, Q40_LIB: _LIB_021}
 # The 0.21 images' runtime base, intel/pytorch:xpu-2.11.0-ubuntu24.04, carries this
 # compute-runtime (vllm/docker/Dockerfile.dev, lines 8-11, at tags vllm-0.21.0-b1 and -b2).
 _RUNTIME_021 = "26.14.37833.4"
+# The 0.26 images are in no snapshot. Inferred, not read: the same Dockerfile.dev says the
+# omix 0.1.0 base carries that runtime, and the 0.26 dev image builds on omix 0.1.0
+# (branch codex/vllm-0.26-dev-image, vllm/docker/Dockerfile.dev line 45).
+_RUNTIME_026_SOURCE = "inferred: the omix 0.1.0 base's, per llm-scaler's Dockerfile.dev"
 IMAGES = (
+    Image(
+        "0.10.0-b2",
+        "llm-scaler tag vllm-0.10.0-b2 (image 1.1-preview by digest, Releases.md): "
+        "vllm/docker/Dockerfile (ENV, lines 47, 115-117), vllm_for_multi_arc.patch (weights "
+        "created on the CPU: the whole shard)",
+        "legacy",
+        ONE_LAYOUT,
+        "before the 0.14 seam",
+        dict(_SET_010),
+        "25.27.34303",
+        "llm-scaler #153: sycl-ls inside the container",
+    ),
     Image(
         "0.10.2-b5",
         "llm-scaler tag vllm-0.10.2-b5: vllm/docker/Dockerfile (ENV, lines 126-128), "
@@ -134,6 +164,28 @@ IMAGES = (
         "25.40",
         "not recorded in the repository (an offline installer); the tag (2025-11-04) predates "
         "compute-runtime 25.44.36015.5 (2025-11-14), so 25.40 at the newest",
+    ),
+    Image(
+        "0.10.2-b6",
+        "llm-scaler tag vllm-0.10.2-b6 (image 1.2 by digest, Releases.md): "
+        "vllm/docker/Dockerfile (ENV, lines 46, 126-129), vllm_for_multi_arc.patch (weights "
+        "created on the CPU: the whole shard)",
+        "legacy",
+        ONE_LAYOUT,
+        "before the 0.14 seam",
+        dict(_SET_010_B6),
+    ),
+    Image(
+        "0.11.1-b7",
+        "llm-scaler image 0.11.1-b7 (image 1.3 by digest, Releases.md); tag vllm-1.3's "
+        "vllm/docker/Dockerfile (ENV, lines 50, 108-110: it clones vLLM v0.11.1, where tag "
+        "vllm-0.11.1-b7's clones v0.10.2), vllm_for_multi_arc.patch (the whole shard)",
+        "legacy",
+        ONE_LAYOUT,
+        "before the 0.14 seam",
+        dict(_SET_010),
+        "25.40.35563",
+        "llm-scaler #288: sycl-ls inside image 1.3 (Level Zero adapter 1.13.35563)",
     ),
     Image(
         "0.14.0-b8.2",
@@ -208,6 +260,9 @@ IMAGES = (
         ONE_LAYOUT,
         "0.26 (layerwise), assumed one layout",
         dict(_SET_021),
+        _RUNTIME_021,
+        _RUNTIME_026_SOURCE,
+        compute_runtime_inferred=True,
     ),
     Image(
         "0.26.0-b2",
@@ -216,17 +271,49 @@ IMAGES = (
         ONE_LAYOUT,
         "0.26 (layerwise), assumed one layout",
         dict(_SET_021),
+        _RUNTIME_021,
+        _RUNTIME_026_SOURCE,
+        compute_runtime_inferred=True,
     ),
 )
+# Tags users paste that name another row's image (the same Docker Hub digest in llm-scaler's
+# Releases.md at 8d66bf9e; its README says "1.4 (or 0.14.0-b8.2.1)", "1.2, same image as
+# 0.10.2-b6").
+ALIASES = {
+    "1.1-preview": "0.10.0-b2",
+    "1.2": "0.10.2-b6",
+    "1.3": "0.11.1-b7",
+    "1.4": "0.14.0-b8.2.1",
+}
+# Tags that name no fixed image.
+MOVING = {
+    "latest": "moves with each push, and llm-scaler's vllm/README.md recommends a versioned "
+    "tag instead of it; which image it is on a machine is not recorded: name the tag",
+}
 _IMAGES = {image.tag: image for image in IMAGES}
 # The image to move to from one that keeps two layouts per int4 weight.
 ONE_LAYOUT_IMAGE = "intel/llm-scaler-vllm:0.21.0-b2"
 
 
+def _tag(name: str) -> str:
+    return name.strip().rpartition(":")[2].removeprefix("vllm-")
+
+
 def image_named(name: str) -> Image | None:
-    """``intel/llm-scaler-vllm:0.21.0-b2`` or the bare tag (``0.21.0-b2``, ``vllm-0.21.0-b2``)."""
-    tag = name.strip().rpartition(":")[2].removeprefix("vllm-")
-    return _IMAGES.get(tag)
+    """``intel/llm-scaler-vllm:0.21.0-b2`` or the bare tag (``0.21.0-b2``, ``vllm-0.21.0-b2``);
+    an alias (``1.4``) gives the row of the image it names."""
+    tag = _tag(name)
+    return _IMAGES.get(ALIASES.get(tag, tag))
 
 
-IMAGE_TAGS = ", ".join(image.tag for image in IMAGES)
+def not_in_table(name: str) -> str:
+    """Why ``name`` has no row, in a clause: a moving tag says so; any other lists the rows."""
+    tag = _tag(name)
+    if tag in MOVING:
+        return f"image {name!r} {MOVING[tag]}"
+    return f"image {name!r} is not in doctor's table ({IMAGE_TAGS})"
+
+
+IMAGE_TAGS = ", ".join(
+    [image.tag for image in IMAGES] + [f"{alias} (= {tag})" for alias, tag in ALIASES.items()]
+)

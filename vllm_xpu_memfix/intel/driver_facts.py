@@ -46,9 +46,11 @@ class Release:
 # there a peer import's host backing is committed and pinned on Battlemage
 # (compute-runtime #953, #980; intel/llvm #22873).
 HOST_COPY_FROM = Release(26, 9, 37435, "26.09.37435.1")
-# No tag through 26.31.39395.13 (the newest in the source) stops it, and a comment on
-# compute-runtime #953 reports it on 26.35. Set this to the first fixed release when one
-# ships.
+# No tag through 26.31.39395.13 (the newest in the source) stops it. 26.35.39758.10 and .11
+# are public, but no snapshot holds their source (their BMG default is not read); a comment on
+# compute-runtime #953 (2026-09-18) reports a vLLM TP 2 start on 2x B60 with the 26.35.39758.10
+# stack running the host out of memory at KV-cache set-up. Set this to the first fixed
+# release when one ships.
 HOST_COPY_FIXED: Release | None = None
 # The compute-runtime maintainer's production route: the last release before defer
 # backing (compute-runtime #953, 2026-08-03, as quoted in llm-scaler #618).
@@ -139,9 +141,11 @@ VARIABLES = (
     DriverVariable(
         "SYCL_UR_L0_RESTRICT_USM_RESIDENCY_TO_P2P",
         "1: Unified Runtime makes allocations resident only on peers with P2P enabled "
-        "(opt-in since intel/llvm PR #22796, after PR #21889 made it the default); "
-        "which oneAPI / PyTorch XPU release carries it is not established",
-        "intel/llvm #21889, #22796",
+        "(opt-in since intel/llvm PR #22796, after PR #21889 made it the default). Read from "
+        "Unified Runtime 2026.2.0 on; 2026.1.x, the line PyTorch 2.14 XPU uses, does not know "
+        "it, so there it changes nothing",
+        "intel/llvm #21889, #22796; intel-cmplr-lib-ur 2026.1.1, 2026.1.2 and 2026.2.0 on PyPI "
+        "(the name is in 2026.2.0's Level Zero adapters only)",
     ),
     DriverVariable(
         "CCL_TOPO_P2P_ACCESS",

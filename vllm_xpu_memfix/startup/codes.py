@@ -43,8 +43,8 @@ CAUSES = {
     "context pins a host copy of each rank's device allocations (about 1x its device use; "
     "invisible to RSS, not swappable). Largest once the KV cache is allocated "
     "(compute-runtime #953, #980; vllm #50269; llm-scaler #703)",
-    XE_PEER_CONTEXT_OOM: "compute-runtime 25.44 up to 26.22.38646 on a kernel before 7.1 with "
-    "2+ Intel GPUs in one context: every device allocation fails with "
+    XE_PEER_CONTEXT_OOM: "compute-runtime from 25.44 to before 26.22.38646.4 on a kernel "
+    "before 7.1 with 2+ Intel GPUs in one context: every device allocation fails with "
     "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY, whatever the memory (compute-runtime #916)",
     QUANT_STAGING: "on-the-fly quantization stages 16-bit weights on the host: the whole "
     "shard of each rank under sym_int4's legacy load (VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT=1 in "
@@ -100,7 +100,7 @@ REMEDIES = {
     COMPUTE_RUNTIME_26_05: "compute-runtime 26.05, the release before defer backing: the "
     "production route Intel's driver maintainer names (compute-runtime #953); an older "
     "driver, and a container needs its image rebuilt on it",
-    COMPUTE_RUNTIME_26_27: "compute-runtime 26.27 (or a 26.22 from 26.22.38646): its P2P "
+    COMPUTE_RUNTIME_26_27: "compute-runtime 26.27 (or 26.22.38646.4 and later): its P2P "
     "probe reports no P2P on kernels before 7.1, so #916's failure is gone (P2P too there)",
     KERNEL_7_1: "Linux 7.1 or newer on the host: fixes #916's xe bug with P2P kept; does not "
     "remove the host copy",

@@ -297,8 +297,8 @@ def parse(data: dict[str, Any], path: str) -> Described:
         image = catalog.image_named(image_name)
         if image is None:
             assumed.append(
-                f"image {shown(image_name)} is not in doctor's table ({catalog.IMAGE_TAGS}): its "
-                "sym_int4, variables and compute-runtime are unknown"
+                f"{catalog.not_in_table(image_name)}: its sym_int4, variables and "
+                "compute-runtime are unknown"
             )
     layouts = None
     if "sym_int4_layouts" in image_table:
@@ -310,6 +310,11 @@ def parse(data: dict[str, Any], path: str) -> Described:
         runtime = driver.runtime_from_version(
             image.compute_runtime, f"image {image.tag} ({image.compute_runtime_source})"
         )
+        if image.compute_runtime_inferred:
+            assumed.append(
+                f"compute-runtime {image.compute_runtime} for image {image.tag}: inferred, "
+                "not read from the image ([driver] compute_runtime wins)"
+            )
     if runtime is None:
         assumed.append("compute-runtime not given: the host copy is taken as possible")
     env = dict(image.env) if image else {}
