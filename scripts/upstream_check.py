@@ -226,9 +226,9 @@ def undefined_self_reads(patch_text: str, tree: Path) -> list[str]:
 def innermost_class(module: ast.Module, target: ast.AST) -> ast.ClassDef | None:
     found = None
     for cls in (n for n in ast.walk(module) if isinstance(n, ast.ClassDef)):
-        if any(node is target for node in ast.walk(cls)):
-            if found is None or any(n is cls for n in ast.walk(found)):
-                found = cls
+        inside = any(node is target for node in ast.walk(cls))
+        if inside and (found is None or any(n is cls for n in ast.walk(found))):
+            found = cls
     return found
 
 
