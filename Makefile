@@ -14,8 +14,9 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The vLLM patch series (docs/upstream/patches) applied to a copy of the installed
-# vLLM, and each patch's own tests run there with this plugin off.
+# The vLLM patch series (docs/upstream/patches) applied to a copy of each release it
+# targets (the installed 0.32.0 and 0.34.0's source, fetched once into .cache/upstream/),
+# the attributes it reads checked, and each patch's own tests run there with this plugin off.
 upstream-check: setup
 	$(BIN)/python scripts/upstream_check.py
 

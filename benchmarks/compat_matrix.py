@@ -26,6 +26,7 @@ from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import warmup_lock
 from vllm_xpu_memfix.vllm_code import warmup_section
 
+PROSE_HEADING = "## Reading it"
 VERSIONS = ("0.26.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -171,6 +172,14 @@ def matrix(trees: dict[str, Path]) -> str:
     )
 
 
+def kept_prose(out: Path) -> str:
+    """The hand-written part of an existing ``out``, from its ``## Reading it`` on: the
+    tables above it are generated, the reading of them is not."""
+    text = out.read_text() if out.is_file() else ""
+    start = text.find(PROSE_HEADING)
+    return "\n" + text[start:] if start >= 0 else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--versions", nargs="+", default=VERSIONS)
@@ -189,7 +198,7 @@ def main() -> None:
         trees["test bed"] = installed
     table = matrix(trees)
     if args.out:
-        args.out.write_text(table + "\n")
+        args.out.write_text(table + "\n" + kept_prose(args.out))
     else:
         print(table)
 

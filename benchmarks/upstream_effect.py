@@ -129,9 +129,10 @@ def main() -> None:
         workdir = Path(tmp)
         model = host_release.given_or_made_model(args.model, workdir)
         patched = workdir / "patched"
+        installed = upstream_check.installed_vllm_root()
         outcomes = upstream_check.check(
-            sorted(upstream_check.PATCHES.glob("*.patch")),
-            upstream_check.installed_vllm_root(),
+            upstream_check.series(upstream_check.release_version(installed)),
+            installed,
             patched,
             apply_only=True,
         )

@@ -1,4 +1,5 @@
-"""scripts/upstream_check.py on a stand-in ``vllm`` package: the ways a patch can fail.
+"""scripts/upstream_check.py on a stand-in ``vllm`` package: the ways a patch can fail,
+a release's variants, the attribute check, and the release cache.
 
 The real series is checked by ``make upstream-check``; these cases only need a
 package named ``vllm`` to copy, patch and import, so they take a second.
@@ -6,7 +7,9 @@ package named ``vllm`` to copy, patch and import, so they take a second.
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,7 @@ def source(tmp_path: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "answer.py").write_text("VALUE = 41\n")
     (package / "data.bin").write_bytes(b"\0")
+    (package / "_version.py").write_text("__version__ = version = '0.1.0'\n")
     return tmp_path / "src"
 
 
@@ -83,7 +87,7 @@ def test_a_patch_that_no_longer_applies_is_named(tmp_path, source, patches, caps
     code, out = run(tmp_path, source, capsys)
     assert code == 1
     assert "0001-stale.patch: DOES NOT APPLY" in out
-    assert "FAILED: 0001-stale.patch" in out
+    assert "FAILED: 0001-stale.patch on vLLM 0.1.0" in out
 
 
 def test_a_patch_whose_tests_fail_is_named(tmp_path, source, patches, capsys):
@@ -93,7 +97,7 @@ def test_a_patch_whose_tests_fail_is_named(tmp_path, source, patches, capsys):
     assert code == 1
     assert "0001-fix.patch: applied, tests failed" in out  # 0002 changed what it tests
     assert "0002-wrong.patch: applied, tests failed" in out
-    assert "FAILED: 0001-fix.patch, 0002-wrong.patch" in out
+    assert "FAILED: 0001-fix.patch on vLLM 0.1.0, 0002-wrong.patch on vLLM 0.1.0" in out
 
 
 def test_a_patch_without_tests_fails(tmp_path, source, patches, capsys):
@@ -101,3 +105,113 @@ def test_a_patch_without_tests_fails(tmp_path, source, patches, capsys):
     code, out = run(tmp_path, source, capsys)
     assert code == 1
     assert "0001-untested.patch: applied, no tests (FAIL)" in out
+
+
+def test_a_release_variant_replaces_its_patch_for_that_release_only(tmp_path, source, patches):
+    write_patch(patches, "0001-fix", old=41, new=42, expected=42)
+    variants = patches / "v0.1.0"
+    variants.mkdir()
+    write_patch(variants, "0001-fix", old=41, new=43, expected=43)
+    assert upstream_check.series("0.1.0+cpu", patches) == [variants / "0001-fix.patch"]
+    assert upstream_check.series("0.2.0", patches) == [patches / "0001-fix.patch"]
+    assert upstream_check.main(["--patches", str(patches), "--vllm-src", str(source)]) == 0
+
+
+def test_a_variant_of_no_patch_is_refused(tmp_path, patches):
+    write_patch(patches, "0001-fix", old=41, new=42, expected=42)
+    (patches / "v0.1.0").mkdir()
+    write_patch(patches / "v0.1.0", "0002-orphan", old=41, new=42, expected=42)
+    with pytest.raises(SystemExit, match=r"0002-orphan\.patch replaces no patch"):
+        upstream_check.series("0.1.0", patches)
+
+
+BASE = """\
+from vllm.base import Base
+
+VALUE = 41
+
+class Answer(Base):
+    def __init__(self):
+        self.kept = 1
+"""
+READ_IN_METHOD = """\
+diff --git a/vllm/answer.py b/vllm/answer.py
+--- a/vllm/answer.py
++++ b/vllm/answer.py
+@@ -7 +7,4 @@ class Answer(Base):
+         self.kept = 1
++
++    def read(self):
++        return self.{name}
+"""
+
+
+@pytest.mark.parametrize(
+    "name, missing",
+    [
+        ("kept", False),  # assigned in the class
+        ("from_base", False),  # assigned in a base class of another module
+        ("size", False),  # a property of the base
+        ("read", False),  # a method
+        ("absent", True),
+    ],
+)
+def test_every_self_attribute_a_patch_reads_must_exist(source, tmp_path, name, missing):
+    (source / "vllm" / "base.py").write_text(
+        "class Base:\n    def __init__(self):\n        self.from_base = 0\n\n"
+        "    @property\n    def size(self):\n        return 1\n"
+    )
+    (source / "vllm" / "answer.py").write_text(BASE)
+    tree = tmp_path / "tree"
+    upstream_check.copy_package(source, tree)
+    patch = tmp_path / "read.patch"
+    patch.write_text(READ_IN_METHOD.format(name=name))
+    assert upstream_check.apply(patch, tree) is None
+    found = upstream_check.undefined_self_reads(patch.read_text(), tree)
+    assert found == (["Answer.self.absent"] if missing else [])
+
+
+def test_a_patch_reading_a_missing_attribute_fails(tmp_path, source, patches, capsys):
+    (source / "vllm" / "answer.py").write_text(BASE)
+    patch = ADD_TEST.format(subject="reads", name="reads", expected=41)
+    patch += READ_IN_METHOD.format(name="use_v2_model_runner")
+    (patches / "0001-reads.patch").write_text(patch)
+    (source / "vllm" / "base.py").write_text("class Base:\n    pass\n")
+    code, out = run(tmp_path, source, capsys)
+    assert code == 1
+    assert "READS MISSING Answer.self.use_v2_model_runner (FAIL), tests passed" in out
+
+
+def test_the_release_comes_from_its_wheel_once(tmp_path, monkeypatch):
+    calls = []
+
+    def pip_download(command, **kwargs):
+        calls.append(command)
+        dest = Path(command[command.index("--dest") + 1])
+        with zipfile.ZipFile(dest / "vllm-9.9.9-cp38-abi3-linux_x86_64.whl", "w") as wheel:
+            for name in ("vllm/__init__.py", "vllm/configs/a.json", "vllm/_C.abi3.so"):
+                wheel.writestr(name, "")
+            wheel.writestr("vllm-9.9.9.dist-info/METADATA", "")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(upstream_check.subprocess, "run", pip_download)
+    source = upstream_check.fetch_release("9.9.9", tmp_path / "cache")
+    assert source == tmp_path / "cache" / "vllm-9.9.9"
+    kept = sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file())
+    assert kept == [".complete", "vllm/__init__.py", "vllm/configs/a.json"]
+    assert "vllm==9.9.9" in calls[0]
+    assert upstream_check.fetch_release("9.9.9", tmp_path / "cache") == source
+    assert len(calls) == 1  # the second run is offline
+
+
+def test_the_installed_build_lends_the_compiled_parts_a_release_lacks(tmp_path, source):
+    installed = tmp_path / "installed"
+    (installed / "vllm").mkdir(parents=True)
+    for name in ("_C.abi3.so", "answer.py"):
+        (installed / "vllm" / name).write_text("")
+    (source / "vllm" / "own.abi3.so").write_text("")
+    tree = tmp_path / "tree"
+    upstream_check.copy_package(source, tree, compiled_from=installed)
+    assert (tree / "vllm" / "_C.abi3.so").resolve() == installed / "vllm" / "_C.abi3.so"
+    assert (tree / "vllm" / "own.abi3.so").resolve() == source / "vllm" / "own.abi3.so"
+    assert (tree / "vllm" / "answer.py").read_text() == "VALUE = 41\n"
