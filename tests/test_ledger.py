@@ -85,7 +85,7 @@ def test_table_shows_memavailable_drop_and_drm_columns_when_present():
         "VRAM",
     ]
     assert lines[2].split() == ["ready", "2.5", "300", "-", "-", "-", "600", "2,048", "8,192"]
-    assert "anon +200 MiB" in ledger.summary_line()
+    assert "anon +200 MiB" in ledger.summary_lines()[0]
 
 
 def test_unwritable_ledger_dir_is_reported_not_raised(tmp_path):
@@ -180,7 +180,7 @@ def recorded_ledger(scenario):
     ids=lambda v: getattr(v, "name", ""),
 )
 def test_the_summary_shows_the_committed_copy_and_the_imports_as_imports(scenario, says):
-    assert says in recorded_ledger(scenario).summary_line()
+    assert says in "; ".join(recorded_ledger(scenario).summary_lines())
 
 
 def test_the_table_shows_the_gpu_count_where_the_kernel_has_one():

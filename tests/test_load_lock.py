@@ -72,7 +72,7 @@ def test_a_shard_buffered_on_the_host_sizes_the_slots_from_the_room(tmp_path):
     settings = room_settings(tmp_path, FULL)
     slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=8))
     assert slots is None and "-> 8 slot(s)" in why and "load unserialised" in why
-    assert host_room(FULL).describe() in why and "0.2 MiB per rank" in why
+    assert "room 96 MiB, staging 0.2 MiB per rank, 8 ranks on this host" in why
     settings = room_settings(tmp_path / "other", FULL)
     slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=300))
     assert slots == 204 and "the room holds 204 of the 300 ranks' staging" in why
@@ -82,15 +82,19 @@ def test_a_tight_container_gives_one_slot_through_the_section(tmp_path, caplog):
     big = model_with("cpu")  # 2 x 64 MiB staged: 192 MiB peak per rank, 96 MiB of room
     big.layer.weight = torch.nn.Parameter(torch.empty(1024, 32768, dtype=torch.bfloat16))
     section = load_lock.LoadSection(room_settings(tmp_path, FULL))
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG, logger=load_lock.logger.name):
         section.enter(big, parallel())
     try:
         assert section.holding is not None and section.holding.acquired
         assert section.semaphore is not None and section.semaphore.slots == 1
     finally:
         section.leave()
-    line = next(r.getMessage() for r in caplog.records if "sized from the room" in r.getMessage())
+    sized = next(r for r in caplog.records if "sized from the room" in r.getMessage())
+    line = sized.getMessage()
     assert "room 96 MiB" in line and "64.0 MiB per rank" in line and "-> 1 slot(s)" in line
+    assert sized.levelname == "WARNING" and line.endswith("docs/troubleshooting.md#quant_staging")
+    room = next(r for r in caplog.records if host_room(FULL).describe() in r.getMessage())
+    assert room.levelname == "DEBUG", "the deciding rank's room in full, as a detail"
 
 
 def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
@@ -105,9 +109,10 @@ def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
         assert section.semaphore is not None and section.semaphore.slots == 1
     finally:
         section.leave()
-    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    assert "room unknown" in warning and "memory.max" in warning and "conservative" in warning
-    assert "0.2 MiB per rank" in warning and "-> 1 slot(s)" in warning
+    why, sized = (r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "room unknown: cgroup unreadable" in why and "memory.max" in why, "the file first"
+    assert "room unknown" in sized and "conservative" in sized
+    assert "0.2 MiB per rank" in sized and "-> 1 slot(s)" in sized
 
 
 def test_the_flag_and_explicit_slots_win_over_the_room(tmp_path):

@@ -99,8 +99,7 @@ def _what_is(path: Path) -> str:
 
 def _refused(path: Path) -> LockDirError:
     return LockDirError(
-        f"{path} is {_what_is(path)}, not a regular file; refusing to use it "
-        "(remove it to let the lock work again)"
+        f"{path} is {_what_is(path)}, not a regular file: remove it to use the lock"
     )
 
 

@@ -62,8 +62,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.causes import QUANT_STAGING
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger, see
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
@@ -162,19 +163,17 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> RoomSlots:
     """How many ranks' staging the room holds (1 to ``ranks``), and the line saying why.
     A room that could not be read gives 1, the choice that cannot overfill the host."""
     per_rank = staging * PEAK_PER_STAGED_BYTE
-    measured = (
-        f"{room.describe()}, staging {staging / MiB:,.1f} MiB per rank (peak taken as "
-        f"{PEAK_PER_STAGED_BYTE}x it, within {ROOM_SHARE:.0%} of the room), {ranks} ranks "
-        "on this host"
-    )
+    # The room's figure; how it was made up (or why it is unknown) is a record of its own.
+    head = "room unknown" if room.bytes is None else f"room {room.bytes / MiB:,.0f} MiB"
+    measured = f"{head}, staging {staging / MiB:,.1f} MiB per rank, {ranks} ranks on this host"
     if room.bytes is None:
         return RoomSlots(1, f"{measured} -> 1 slot(s): the conservative choice", True)
     fits = int(room.bytes * ROOM_SHARE // per_rank) if per_rank > 0 else ranks
     slots = min(ranks, max(1, fits))
     if slots == ranks:
-        reason = f"every rank's staging fits at once, so the {ranks} ranks load unserialised"
+        reason = "every rank's staging fits at once, so they load unserialised"
     elif fits < 1:
-        reason = "not even one rank's staging fits; one rank loads at a time"
+        reason = "not even one rank's staging fits: one loads at a time"
     else:
         reason = f"the room holds {fits} of the {ranks} ranks' staging at once"
     return RoomSlots(slots, f"{measured} -> {slots} slot(s): {reason}", fits < 1)
@@ -183,13 +182,16 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> RoomSlots:
 def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int, str]:
     """:func:`slots_for_room` as the engine's first rank to get here decided it: the ranks
     may see different rooms, but must queue on one semaphore. Logs the decision, as a
-    WARNING where it was cramped."""
+    WARNING where it was cramped, and the deciding rank's room at DEBUG."""
     from vllm_xpu_memfix.core.host_lock import agree
     from vllm_xpu_memfix.core.process import instance_key, instance_token
     from vllm_xpu_memfix.memory.room import host_room
 
+    rooms: list[Room] = []
+
     def decide_here() -> str:
-        found = slots_for_room(host_room(settings.sysroot), staged, ranks)
+        rooms.append(host_room(settings.sysroot))
+        found = slots_for_room(rooms[0], staged, ranks)
         return f"{found.slots} {int(found.cramped)} {found.why}"
 
     name = f"load-slots-{instance_key()}"
@@ -197,7 +199,20 @@ def agreed_room_slots(settings: Settings, staged: int, ranks: int) -> tuple[int,
     count, cramped, why = value.split(" ", 2)
     who = "this rank decided" if mine else "as the engine's first rank decided"
     line = f"{ROOM_SIZED} ({who}): {why}"
-    (logger.warning if cramped == "1" else logger.info)("vllm-xpu-memfix: %s", line)
+    if rooms and rooms[0].bytes is None:  # names the file that could not be read
+        logger.warning("vllm-xpu-memfix: load lock: %s", rooms[0].describe())
+    if cramped == "1":
+        logger.warning("vllm-xpu-memfix: %s. See %s", line, see(QUANT_STAGING))
+    else:
+        logger.info("vllm-xpu-memfix: %s", line)
+    if rooms and rooms[0].bytes is not None:
+        logger.debug(
+            "vllm-xpu-memfix: load lock: %s; a rank's load is taken to peak at %sx its "
+            "staging and may plan on %.0f%% of the room",
+            rooms[0].describe(),
+            PEAK_PER_STAGED_BYTE,
+            100 * ROOM_SHARE,
+        )
     return int(count), line
 
 
