@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -165,6 +166,7 @@ def test_loaded_driver_libraries_come_from_the_maps_file(tmp_path):
 
 
 DRIVER_NAMES = (*driver_env.DRIVER_KEYS, "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR")
+REPO = Path(__file__).resolve().parent.parent
 LIB = "/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1"
 KERNEL_6 = "6.14.0-37-generic"  # before the xe fix of compute-runtime #916
 READ, DEFER, NO_PEER = driver_env.READ, driver_env.DEFER, driver_env.NO_PEER
@@ -671,6 +673,98 @@ def test_an_unusable_lock_directory_says_the_note_rather_than_never(guard_in_pro
     (tmp_path / "lk").write_text("a file where the directory should be")
     records, _ = guard_in_process("main")
     assert any("Intel's interim workaround" in text for _, text in records)
+
+
+# --- the records on three hosts: #916's, the host copy's, one GPU ---------------------
+
+ANCHORS = re.compile(r'<a id="([a-z0-9_]+)"></a>')
+
+
+def pointers(text: str) -> list[str]:
+    return re.findall(r"docs/troubleshooting\.md#([a-z0-9_]+)", text)
+
+
+def assert_pointers_exist(records) -> None:
+    """Every section a record points to is a cause code of doctor's with an anchor there."""
+    from vllm_xpu_memfix.cli.doctor import codes
+
+    anchors = set(ANCHORS.findall((REPO / "docs/troubleshooting.md").read_text()))
+    for _, text in records:
+        for code in pointers(text):
+            assert code in codes.CAUSES and code in anchors, (code, text)
+
+
+def test_on_the_916_host_the_certain_failure_comes_first_with_its_cause(guard_in_process):
+    """compute-runtime #916's host (2 Battlemage, 26.14, kernel 6.14): the failure, then its
+    remedies, both ERROR, before the setting that does not help it."""
+    records, _ = guard_in_process("main", (B70, B70), kernel=KERNEL_6)
+    (level, failure), (_, remedies), (set_level, set_it), *_ = records
+    assert (level, set_level) == ("ERROR", "WARNING")
+    assert failure.startswith(
+        "vllm-xpu-memfix: driver guard: every device allocation fails with "
+        "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY here (compute-runtime #916: 2 Intel GPUs"
+    )
+    assert pointers(remedies) == ["xe_peer_context_oom"] and "kernel 7.1 or later" in remedies
+    assert "set NEOReadDebugKeys=1 EnableDeferBacking=0" in set_it
+    assert pointers(set_it) == ["driver_host_copy"]
+    assert all(len(text) <= log.LIMIT for _, text in records)
+    assert not any("WARNING" in text for level, text in records if level == "DEBUG")
+    assert_pointers_exist(records)
+
+
+def test_on_the_host_copy_host_the_setting_comes_with_intels_two_positions(guard_in_process):
+    """4 Battlemage, 26.14, kernel 7.1: the key is set (WARNING, driver_host_copy); Intel's
+    two positions and the production route in one short INFO record; details at DEBUG."""
+    records, _ = guard_in_process("main")
+    assert [level for level, _ in records] == ["WARNING", "INFO", "INFO", "DEBUG", "DEBUG"]
+    (_, set_it), (_, opt_out), (_, positions), *_ = records
+    assert pointers(set_it) == ["driver_host_copy"] and "4 Battlemage GPUs visible" in set_it
+    assert opt_out.endswith("VLLM_XPU_MEMFIX_DRIVER_ENV=off")
+    for part in ("interim workaround (vllm #50269)", "debug-only", "26.05", "#953"):
+        assert part in positions
+    assert all(len(text) <= log.LIMIT for _, text in records)
+    assert_pointers_exist(records)
+
+
+def test_with_one_gpu_the_guard_says_one_debug_record(guard_in_process):
+    records, _ = guard_in_process("main", (B60,))
+    assert records == [
+        (
+            "DEBUG",
+            "vllm-xpu-memfix: driver guard not needed: 1 Intel GPU visible to this process: no "
+            "peer, so no host copy",
+        )
+    ]
+
+
+def test_a_tp_worker_leaves_the_host_findings_to_the_process_that_said_them(
+    guard_in_process, tmp_path
+):
+    """On the #916 host, with process 0 alive and speaking for the host, a worker that
+    inherited the keys logs its variables at INFO and #916 only at DEBUG, without the word
+    WARNING: the finding is said once per host, not by every TP worker."""
+    from vllm_xpu_memfix.core import host_lock
+    from vllm_xpu_memfix.core.process import start_time
+
+    speaker = host_lock.prepare_lock_dir(tmp_path / "lk") / "driver_env-xe_peer_context_oom.speaker"
+    parent = os.getppid()  # alive for the whole test: it stands for process 0
+    speaker.write_text(f"{parent} {start_time(parent)}\n")
+    records, _ = guard_in_process("worker", (B70, B70), now=GUARD, kernel=KERNEL_6)
+    loud = [(level, text) for level, text in records if level != "DEBUG"]
+    assert loud == [
+        (
+            "INFO",
+            "vllm-xpu-memfix: driver guard: driver variables in this worker: "
+            "NEOReadDebugKeys=1 EnableDeferBacking=0",
+        )
+    ]
+    quiet = [text for level, text in records if level == "DEBUG"]
+    assert any("UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY" in text for text in quiet)
+    assert not any("WARNING" in text for text in quiet)
+    # With nobody speaking for the host (process 0 gone), the worker says it.
+    speaker.write_text(f"{parent} 1\n")
+    records, _ = guard_in_process("worker", (B70, B70), now=GUARD, kernel=KERNEL_6)
+    assert records[0][0] == "ERROR" and "UR_RESULT_ERROR" in records[0][1]
 
 
 def test_check_shows_the_decision_the_guard_makes(tmp_path, capsys, clean_env, monkeypatch):

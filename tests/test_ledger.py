@@ -8,6 +8,7 @@ import socket
 import pytest
 from helpers.xe_trees import FOUR_PINNED, FOUR_UNPINNED, TWO_PINNED
 
+from vllm_xpu_memfix.core.log import LIMIT
 from vllm_xpu_memfix.memory.ledger import PHASES, Ledger
 from vllm_xpu_memfix.memory.snapshot import DrmUsage, Snapshot
 
@@ -181,6 +182,16 @@ def recorded_ledger(scenario):
 )
 def test_the_summary_shows_the_committed_copy_and_the_imports_as_imports(scenario, says):
     assert says in "; ".join(recorded_ledger(scenario).summary_lines())
+
+
+def test_the_driver_copy_as_likely_cause_points_to_its_section():
+    """A record each (within the limit); the driver's copy points to driver_host_copy."""
+    lines = recorded_ledger(FOUR_PINNED).summary_lines()
+    assert [line.split(" ")[0] for line in lines] == ["attribution", "driver", "likely"]
+    assert lines[-1].endswith("(docs/troubleshooting.md#driver_host_copy)")
+    assert all(len(f"vllm-xpu-memfix: rank 0 {line}") <= LIMIT for line in lines)
+    quiet = recorded_ledger(FOUR_UNPINNED).summary_lines()[-1]
+    assert "likely cause: peer imports" in quiet and "troubleshooting" not in quiet
 
 
 def test_the_table_shows_the_gpu_count_where_the_kernel_has_one():
