@@ -388,8 +388,8 @@ def test_real_server_sizes_its_kv_cache_after_the_reserve(serve, tiny_model):
     assert server.complete("Hello")["choices"]
     log = server.log_text()
     vllm_sized = float(re.search(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache", log).group(1))
-    line = re.search(r"KV headroom .*reserve ([\d.]+) MiB.*KV cache ([\d.]+) -> ([\d.]+) GiB", log)
-    reserve_mib, before, after = (float(g) for g in line.groups())
+    line = re.search(r"KV headroom .*KV cache ([\d.]+) -> ([\d.]+) GiB.*reserve ([\d.]+) MiB", log)
+    before, after, reserve_mib = (float(g) for g in line.groups())
     assert before == vllm_sized
     assert reserve_mib == pytest.approx(256.1, abs=0.1)
     assert (before - after) * 1024 == pytest.approx(reserve_mib, abs=11)
