@@ -13,6 +13,7 @@ user tools (``cli``) only by the console script. A test holds the boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -40,7 +41,11 @@ def register() -> None:
     settings = config.load()
     config.announce_to_vllm()
     _registered = True
-    where = f"pid={os.getpid()} {current_role().describe()}"
+    role = current_role()
+    # The role's note (an exception's text) would make the line long: a record of its own.
+    where = f"pid={os.getpid()} {dataclasses.replace(role, note=None).describe()}"
+    if role.note:
+        log_when_configured(get_logger(), logging.INFO, f"vllm-xpu-memfix: role: {role.note}")
     if not settings.enabled:
         log_when_configured(
             get_logger(),
