@@ -42,6 +42,19 @@ def no_driver_variable_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     assert after == before, f"{request.node.nodeid} left driver variables changed: {after}"
 
 
+@pytest.fixture(autouse=True)
+def plugin_records_keep_their_shape(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every record the plugin logs during any test, at whatever level that test lets through,
+    is within core.log's limit and no DEBUG record says WARNING (core.log notes each that is
+    not; vLLM only ever sees it cut)."""
+    from vllm_xpu_memfix.core import log
+
+    log.VIOLATIONS.clear()
+    yield
+    broken, log.VIOLATIONS[:] = list(log.VIOLATIONS), []
+    assert not broken, f"{request.node.nodeid} logged records out of shape: {broken}"
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No plugin variable from the developer's shell leaks into a test."""

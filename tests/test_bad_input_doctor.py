@@ -760,7 +760,7 @@ def test_the_recorded_demo_does_not_blame_staging_for_the_kv_cache():
     assert attribution.anon == 1524203520 - 444276736
     assert attribution.unexplained_anon == 1524203520 - 444276736 - 1073741824 - 395040
     assert attribution.cause == "outside_no_gpu"
-    assert ledger.summary_line() == (
+    assert "; ".join(ledger.summary_lines()) == (
         "attribution since process start: anon +1,030 MiB (known: KV cache 1,024 MiB, "
         "weights 0.4 MiB; unexplained +6 MiB), file +14 MiB, page cache +3 MiB, outside any "
         "process +322 MiB; likely cause: memory outside the vLLM processes: other processes "
@@ -798,7 +798,7 @@ def test_on_a_quiet_host_the_known_parts_explain_the_demos_growth():
     ledger = replayed_ledger(RECORDED_QUIET)
     attribution = ledger.attribution()
     assert attribution is not None and attribution.cause == "known"
-    assert ledger.summary_line() == (
+    assert "; ".join(ledger.summary_lines()) == (
         "attribution since process start: anon +1,030 MiB (known: KV cache 1,024 MiB, "
         "weights 0.4 MiB; unexplained +6 MiB), file +14 MiB, page cache -6 MiB, outside any "
         "process -46 MiB; likely cause: the parts the ledger knows; nothing significant is "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,9 +15,9 @@ from pathlib import Path
 import pytest
 from hosts import A770, B60, B70, NVIDIA_L4, build_host
 
-from vllm_xpu_memfix.core import config, numbers
+from vllm_xpu_memfix.core import config, log, numbers
 from vllm_xpu_memfix.fixes import driver_env
-from vllm_xpu_memfix.intel import driver
+from vllm_xpu_memfix.intel import driver, driver_records
 
 
 def settings_for(root: Path, **env: str):
@@ -105,10 +107,12 @@ def test_spawned_children_inherit_what_process_0_set(tmp_path):
     )
     result = run_script(tmp_path / "spawn_check.py", code, root)
     assert json.loads(result.stdout) == {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
-    warning = [line for line in result.stderr.splitlines() if "EnableDeferBacking=0" in line]
-    assert len(warning) == 1
-    assert "4 Battlemage GPUs visible" in warning[0] and "#50269" in warning[0]
-    assert "VLLM_XPU_MEMFIX_DRIVER_ENV=off" in warning[0]
+    lines = [line for line in result.stderr.splitlines() if "driver guard" in line]
+    (set_it,) = [line for line in lines if "driver guard: set " in line]
+    assert set_it.startswith("WARNING") and "4 Battlemage GPUs visible" in set_it
+    assert "docs/troubleshooting.md#driver_host_copy" in set_it
+    assert any("#50269" in line and "26.05" in line for line in lines), "Intel's positions"
+    assert any("VLLM_XPU_MEMFIX_DRIVER_ENV=off" in line for line in lines)
 
 
 def test_a_worker_that_did_not_inherit_the_variables_sets_them_itself(tmp_path):
@@ -137,7 +141,7 @@ def test_a_worker_that_did_not_inherit_the_variables_sets_them_itself(tmp_path):
     child, parent = (json.loads(line) for line in result.stdout.splitlines())
     assert child == {"NEOReadDebugKeys": "1", "EnableDeferBacking": "0"}
     assert parent == {"EnableDeferBacking": None}, "the parent never registered the plugin"
-    assert "which did not inherit them" in result.stderr
+    assert "in this process (not inherited)" in result.stderr
     assert "compute-runtime 26.09.37435.1" in result.stderr
 
 
@@ -162,18 +166,17 @@ def test_loaded_driver_libraries_come_from_the_maps_file(tmp_path):
 
 
 DRIVER_NAMES = (*driver_env.DRIVER_KEYS, "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR")
+REPO = Path(__file__).resolve().parent.parent
 LIB = "/usr/lib/x86_64-linux-gnu/libze_intel_gpu.so.1"
 KERNEL_6 = "6.14.0-37-generic"  # before the xe fix of compute-runtime #916
 READ, DEFER, NO_PEER = driver_env.READ, driver_env.DEFER, driver_env.NO_PEER
 
 
 @pytest.fixture
-def guard_in_process(tmp_path, monkeypatch, caplog):
+def guard_in_process(tmp_path, monkeypatch):
     """Run driver_env.install here as a process of ``role`` with the driver mapped or not,
     ``at_start`` the environment it started with, ``now`` its environment at registration;
-    returns the records and the driver keys in os.environ afterwards."""
-    import logging
-
+    returns the records, DEBUG included, and the driver keys in os.environ afterwards."""
     from vllm_xpu_memfix.core.process import ProcessRole
 
     for name in DRIVER_NAMES:
@@ -181,8 +184,11 @@ def guard_in_process(tmp_path, monkeypatch, caplog):
         # also when install() has set it in os.environ.
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    monkeypatch.setattr(driver_env, "logger", logging.getLogger("test.driver_env"))
-    caplog.set_level(logging.DEBUG, "test.driver_env")
+    caught: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = caught.append  # type: ignore[method-assign]
+    driver_records.logger.addHandler(handler)
+    monkeypatch.setattr(driver_records.logger, "level", logging.DEBUG)
 
     def run(role, gpus=(B70,) * 4, loaded=(), at_start=None, now=None, mode="auto", **host):
         root = build_host(tmp_path / f"host{len(list(tmp_path.iterdir()))}", list(gpus), **host)
@@ -193,25 +199,27 @@ def guard_in_process(tmp_path, monkeypatch, caplog):
             monkeypatch.delenv(name, raising=False)
         for name, value in (now or {}).items():
             monkeypatch.setenv(name, value)
-        caplog.clear()
+        caught.clear()
         settings = settings_for(
             root, VLLM_XPU_MEMFIX_DRIVER_ENV=mode, VLLM_XPU_MEMFIX_LOCK_DIR=str(tmp_path / "lk")
         )
         driver_env.install(None, settings)
-        records = [(r.levelname, r.getMessage()) for r in caplog.records]
+        records = [(r.levelname, r.getMessage()) for r in caught]
         return records, {k: os.environ[k] for k in driver_env.DRIVER_KEYS if k in os.environ}
 
-    return run
+    yield run
+    driver_records.logger.removeHandler(handler)
 
 
 def test_a_rank_with_the_driver_loaded_sets_nothing_and_says_the_copy_stays(guard_in_process):
     records, env = guard_in_process("worker", loaded=[LIB])
     assert env == {}
-    assert [level for level, _ in records] == ["ERROR"]
+    assert [level for level, _ in records] == ["ERROR", "DEBUG", "DEBUG"]
     message = records[0][1]
-    assert f"the Intel GPU driver is already loaded ({LIB})" in message
-    assert "will be pinned in this process" in message and "Nothing was set" in message
-    assert "4 Battlemage GPUs visible" in message
+    assert "the Intel driver started without NEOReadDebugKeys=1 EnableDeferBacking=0" in message
+    assert "it will pin a host copy of every device allocation" in message
+    assert message.endswith("See docs/troubleshooting.md#driver_host_copy")
+    assert records[1][1].endswith(LIB) and "4 Battlemage GPUs visible" in records[2][1]
 
 
 def test_variables_set_after_start_in_a_rank_with_the_driver_loaded_are_too_late(
@@ -221,8 +229,8 @@ def test_variables_set_after_start_in_a_rank_with_the_driver_loaded_are_too_late
         "ray_worker", loaded=[LIB], at_start={}, now=dict(driver_env.GUARD_ENV)
     )
     assert env == driver_env.GUARD_ENV  # left as they were, but not taken as working
-    assert [level for level, _ in records] == ["ERROR"]
-    assert "were set in this process after it started" in records[0][1]
+    assert [level for level, _ in records] == ["ERROR", "DEBUG", "DEBUG"]
+    assert "EnableDeferBacking=0 were set after the Intel driver started" in records[0][1]
 
 
 def test_variables_the_rank_started_with_are_taken_as_working(guard_in_process):
@@ -232,7 +240,7 @@ def test_variables_the_rank_started_with_are_taken_as_working(guard_in_process):
     assert records == [
         (
             "INFO",
-            "vllm-xpu-memfix: driver variables in this worker: "
+            "vllm-xpu-memfix: driver guard: driver variables in this worker: "
             "NEOReadDebugKeys=1 EnableDeferBacking=0",
         )
     ]
@@ -249,18 +257,26 @@ def test_process_0_with_the_driver_loaded_still_sets_them_for_the_processes_it_s
 ):
     records, env = guard_in_process("main", loaded=[LIB])
     assert env == driver_env.GUARD_ENV
-    assert [level for level, _ in records] == ["WARNING"]
-    assert (
-        f"The Intel driver is already loaded here ({LIB}), so they take effect in the "
-        "processes this one spawns, not in this one nor in Ray workers (docs/multi-node.md)"
-    ) in records[0][1]
+    assert [level for level, _ in records] == [
+        "WARNING",
+        "WARNING",
+        "INFO",
+        "INFO",
+        "DEBUG",
+        "DEBUG",
+    ]
+    assert records[1][1] == (
+        f"vllm-xpu-memfix: driver guard: the Intel driver is already loaded here ({LIB}): the "
+        "variables take effect in the processes this one spawns, not in this one nor in Ray "
+        "workers (docs/multi-node.md)"
+    )
 
 
 def test_a_rank_without_the_driver_loaded_still_sets_them(guard_in_process):
     records, env = guard_in_process("ray_worker")
     assert env == driver_env.GUARD_ENV
-    assert [level for level, _ in records] == ["WARNING"]
-    assert "in this process, which did not inherit them" in records[0][1]
+    assert records[0][0] == "WARNING"
+    assert "in this process (not inherited)" in records[0][1]
 
 
 # --- the decision, row by row, in process 0 and in a late (Ray) worker -----------------
@@ -269,9 +285,9 @@ def test_a_rank_without_the_driver_loaded_still_sets_them(guard_in_process):
 @dataclass(frozen=True)
 class Row:
     """One row of the decision on a recorded host: what is set, a part of the reason,
-    compute-runtime #916 (None, "certain" or "not ruled out"), and the level and parts of
-    the one line in process 0 and in a Ray worker that started the driver before the
-    plugin, with ``env`` in the environment it started with."""
+    compute-runtime #916 (None, "certain" or "not ruled out"), and the level of the first
+    (most serious) record and parts of the records in process 0 and in a Ray worker that
+    started the driver before the plugin, with ``env`` in the environment it started with."""
 
     gpus: tuple[tuple[int, int], ...]
     sets: dict[str, str]
@@ -287,15 +303,15 @@ class Row:
 
 GUARD = dict(driver_env.GUARD_ENV)
 SET_IT = ("set NEOReadDebugKeys=1 EnableDeferBacking=0 in this vLLM", "Intel's interim")
-TOO_LATE = ("were not in this process's environment when it started", "will be pinned")
+TOO_LATE = ("the Intel driver started without", "it will pin a host copy")
 OOM = (
-    "WARNING compute-runtime #916",
-    "every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
-    "Remedies: kernel 7.1 or later; compute-runtime 26.22.38646.4 or later (26.27 on master)",
-    "VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access (NEOReadDebugKeys=1 "
-    "ForceZeDeviceCanAccessPerReturnValue=0), which costs P2P: oneCCL falls back",
+    "every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY here "
+    "(compute-runtime #916",
+    "remedies for compute-runtime #916: kernel 7.1 or later; compute-runtime 26.22.38646.4 or "
+    "later (26.27 on master); or VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access (no P2P)",
+    "docs/troubleshooting.md#xe_peer_context_oom",
 )
-NOT_RULED_OUT = ("compute-runtime #916 could not be ruled out", "Remedies: kernel 7.1")
+NOT_RULED_OUT = ("compute-runtime #916 could not be ruled out", "remedies for compute-runtime #916")
 MIXED = "1 Battlemage and 1 other Intel GPU(s) visible: the host copy is reported only between"
 ROWS = {
     "one GPU visible (mask)": Row(
@@ -345,14 +361,14 @@ ROWS = {
         {DEFER: "0"},
         "4 Battlemage GPUs visible, compute-runtime 26.14.37833.4-1~24.04",
         ("WARNING", ("set EnableDeferBacking=0 in this vLLM", "Intel's interim")),
-        ("ERROR", ("and EnableDeferBacking=0 were not in this process's environment",)),
+        ("ERROR", ("the Intel driver started without EnableDeferBacking=0",)),
         env={READ: "1"},
     ),
     "#916 on kernel 6.x": Row(
         (B70, B70),
         GUARD,
         "2 Battlemage GPUs visible",
-        ("WARNING", (*SET_IT, *OOM)),
+        ("ERROR", (*SET_IT, *OOM)),
         ("ERROR", (*TOO_LATE, *OOM)),
         kernel=KERNEL_6,
         oom="not ruled out",
@@ -369,8 +385,8 @@ ROWS = {
         (A770, A770),
         {},
         "0 Battlemage and 2 other Intel GPU(s) visible",
-        ("WARNING", ("driver guard set nothing", *OOM)),
-        ("WARNING", ("driver guard set nothing", *OOM)),
+        ("ERROR", ("driver guard set nothing", *OOM)),
+        ("ERROR", ("driver guard set nothing", *OOM)),
         kernel=KERNEL_6,
         oom="not ruled out",
     ),
@@ -386,8 +402,8 @@ ROWS = {
         (B70, B70),
         {},
         "outside the affected range",
-        ("WARNING", ("driver guard set nothing", *OOM)),
-        ("WARNING", ("driver guard set nothing", *OOM)),
+        ("ERROR", ("driver guard set nothing", *OOM)),
+        ("ERROR", ("driver guard set nothing", *OOM)),
         runtime="26.05.37020.3",
         kernel=KERNEL_6,
         oom="not ruled out",
@@ -429,8 +445,8 @@ ROWS = {
         (B70, A770),
         {},
         MIXED,
-        ("WARNING", (MIXED, *OOM)),
-        ("WARNING", (MIXED, *OOM)),
+        ("ERROR", (MIXED, *OOM)),
+        ("ERROR", (MIXED, *OOM)),
         kernel=KERNEL_6,
         oom="not ruled out",
     ),
@@ -445,8 +461,8 @@ ROWS = {
         (B70, B70),
         GUARD,
         "2 Battlemage GPUs visible",
-        ("WARNING", (*SET_IT, "Not understood, taken as absent: ForceZe")),
-        ("ERROR", (*TOO_LATE, "Not understood, taken as absent: ForceZe")),
+        ("WARNING", (*SET_IT, "not understood, taken as absent: ForceZe")),
+        ("ERROR", (*TOO_LATE, "not understood, taken as absent: ForceZe")),
         env={NO_PEER: "maybe"},
     ),
     "EnableDeferBacking=off": Row(
@@ -454,7 +470,7 @@ ROWS = {
         {DEFER: "0"},
         "2 Battlemage GPUs visible",
         ("WARNING", ("set EnableDeferBacking=0", "EnableDeferBacking='off' (accepted:")),
-        ("ERROR", ("EnableDeferBacking=0 were not", "EnableDeferBacking='off' (accepted:")),
+        ("ERROR", ("started without EnableDeferBacking=0", "EnableDeferBacking='off' (accepted:")),
         env={READ: "1", DEFER: "off"},
     ),
     "kernel release unparsable": Row(
@@ -506,7 +522,7 @@ ROWS = {
         {READ: "1"},
         "EnableDeferBacking=0 was set without NEOReadDebugKeys=1",
         ("WARNING", ("set NEOReadDebugKeys=1 in this vLLM",)),
-        ("ERROR", ("and NEOReadDebugKeys=1 were not in this process's environment",)),
+        ("ERROR", ("the Intel driver started without NEOReadDebugKeys=1",)),
         env={DEFER: "0"},
     ),
     "no_peer_access": Row(
@@ -517,10 +533,11 @@ ROWS = {
             "WARNING",
             (
                 "set NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0 in this vLLM",
-                "it costs P2P: oneCCL falls back to its USM (host-staged) collectives",
+                "no peer access, so no host copy and no #916 failure, but no P2P",
+                "cost of no P2P: oneCCL falls back to its USM (host-staged) collectives",
             ),
         ),
-        ("ERROR", ("P2P stays on in this process", *OOM)),
+        ("ERROR", ("ForceZeDeviceCanAccessPerReturnValue=0; P2P stays on", *OOM)),
         kernel=KERNEL_6,
         mode="no_peer_access",
     ),
@@ -529,7 +546,7 @@ ROWS = {
         GUARD,
         "VLLM_XPU_MEMFIX_DRIVER_ENV=on",
         ("WARNING", SET_IT),
-        ("ERROR", ("were not in this process's environment", "runs without them")),
+        ("ERROR", ("the Intel driver started without", "this process runs without them")),
         mode="on",
     ),
 }
@@ -552,33 +569,40 @@ def test_each_row_decides_the_environment(tmp_path, row):
     assert environ == {**row.env, **row.sets}
 
 
+def assert_records(records, row, expected):
+    """The records of one process: the first at the row's level with the most serious
+    finding, none less serious before a more serious one, each within the limit."""
+    level, parts = expected
+    texts = "\n".join(text for _, text in records)
+    assert records[0][0] == level, records
+    for part in parts:
+        assert part in texts, (part, records)
+    ranks = [logging.getLevelName(name) for name, _ in records]
+    assert ranks == sorted(ranks, reverse=True), "the most serious first"
+    assert all(len(text) <= log.LIMIT for _, text in records), records
+    if row.oom == "certain":
+        assert "every device allocation fails" in records[0][1], "the failure comes first"
+
+
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
-def test_each_row_gives_one_line_in_process_0(guard_in_process, row):
+def test_each_row_gives_its_records_in_process_0(guard_in_process, row):
     host = {"runtime": row.runtime, "kernel": row.kernel}
     records, env = guard_in_process("main", row.gpus, now=row.env, mode=row.mode, **host)
     assert env == {k: v for k, v in {**row.env, **row.sets}.items() if k in env}
-    assert len(records) == 1
-    level, line = records[0]
-    assert level == row.main[0], line
-    for part in row.main[1]:
-        assert part in line, (part, line)
-    assert ("UR_RESULT_ERROR" in line) is (row.oom is not None)
+    assert_records(records, row, row.main)
+    assert any("UR_RESULT_ERROR" in text for _, text in records) is (row.oom is not None)
 
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
-def test_each_row_gives_one_line_in_a_late_ray_worker(guard_in_process, row):
+def test_each_row_gives_its_records_in_a_late_ray_worker(guard_in_process, row):
     """vLLM's Ray worker has started the driver before the plugin loads: nothing is set,
-    and the line judges the environment the worker started with."""
+    and the records judge the environment the worker started with."""
     host = {"runtime": row.runtime, "kernel": row.kernel}
     records, env = guard_in_process(
         "ray_worker", row.gpus, loaded=[LIB], at_start=row.env, now=row.env, mode=row.mode, **host
     )
     assert env == {k: v for k, v in row.env.items() if k in driver_env.DRIVER_KEYS}
-    assert len(records) == 1
-    level, line = records[0]
-    assert level == row.late[0], line
-    for part in row.late[1]:
-        assert part in line, (part, line)
+    assert_records(records, row, row.late)
 
 
 def test_the_interim_note_is_said_once_per_host_while_its_speaker_lives(tmp_path):
@@ -616,8 +640,11 @@ def test_the_interim_note_is_said_once_per_host_while_its_speaker_lives(tmp_path
     def finish(process: subprocess.Popen[str]) -> str:
         _, err = process.communicate("\n", timeout=60)
         lines = [line for line in err.splitlines() if "driver guard" in line]
-        assert len(lines) == 1 and "set NEOReadDebugKeys=1 EnableDeferBacking=0" in lines[0]
-        return lines[0]
+        assert (
+            sum("driver guard: set NEOReadDebugKeys=1 EnableDeferBacking=0" in x for x in lines)
+            == 1
+        )
+        return "\n".join(lines)
 
     first = start()
     second = start()
@@ -645,7 +672,99 @@ def test_a_speaker_is_a_live_process_by_pid_and_start_time(tmp_path):
 def test_an_unusable_lock_directory_says_the_note_rather_than_never(guard_in_process, tmp_path):
     (tmp_path / "lk").write_text("a file where the directory should be")
     records, _ = guard_in_process("main")
-    assert "Intel's interim workaround" in records[0][1]
+    assert any("Intel's interim workaround" in text for _, text in records)
+
+
+# --- the records on three hosts: #916's, the host copy's, one GPU ---------------------
+
+ANCHORS = re.compile(r'<a id="([a-z0-9_]+)"></a>')
+
+
+def pointers(text: str) -> list[str]:
+    return re.findall(r"docs/troubleshooting\.md#([a-z0-9_]+)", text)
+
+
+def assert_pointers_exist(records) -> None:
+    """Every section a record points to is a cause code of doctor's with an anchor there."""
+    from vllm_xpu_memfix.cli.doctor import codes
+
+    anchors = set(ANCHORS.findall((REPO / "docs/troubleshooting.md").read_text()))
+    for _, text in records:
+        for code in pointers(text):
+            assert code in codes.CAUSES and code in anchors, (code, text)
+
+
+def test_on_the_916_host_the_certain_failure_comes_first_with_its_cause(guard_in_process):
+    """compute-runtime #916's host (2 Battlemage, 26.14, kernel 6.14): the failure, then its
+    remedies, both ERROR, before the setting that does not help it."""
+    records, _ = guard_in_process("main", (B70, B70), kernel=KERNEL_6)
+    (level, failure), (_, remedies), (set_level, set_it), *_ = records
+    assert (level, set_level) == ("ERROR", "WARNING")
+    assert failure.startswith(
+        "vllm-xpu-memfix: driver guard: every device allocation fails with "
+        "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY here (compute-runtime #916: 2 Intel GPUs"
+    )
+    assert pointers(remedies) == ["xe_peer_context_oom"] and "kernel 7.1 or later" in remedies
+    assert "set NEOReadDebugKeys=1 EnableDeferBacking=0" in set_it
+    assert pointers(set_it) == ["driver_host_copy"]
+    assert all(len(text) <= log.LIMIT for _, text in records)
+    assert not any("WARNING" in text for level, text in records if level == "DEBUG")
+    assert_pointers_exist(records)
+
+
+def test_on_the_host_copy_host_the_setting_comes_with_intels_two_positions(guard_in_process):
+    """4 Battlemage, 26.14, kernel 7.1: the key is set (WARNING, driver_host_copy); Intel's
+    two positions and the production route in one short INFO record; details at DEBUG."""
+    records, _ = guard_in_process("main")
+    assert [level for level, _ in records] == ["WARNING", "INFO", "INFO", "DEBUG", "DEBUG"]
+    (_, set_it), (_, opt_out), (_, positions), *_ = records
+    assert pointers(set_it) == ["driver_host_copy"] and "4 Battlemage GPUs visible" in set_it
+    assert opt_out.endswith("VLLM_XPU_MEMFIX_DRIVER_ENV=off")
+    for part in ("interim workaround (vllm #50269)", "debug-only", "26.05", "#953"):
+        assert part in positions
+    assert all(len(text) <= log.LIMIT for _, text in records)
+    assert_pointers_exist(records)
+
+
+def test_with_one_gpu_the_guard_says_one_debug_record(guard_in_process):
+    records, _ = guard_in_process("main", (B60,))
+    assert records == [
+        (
+            "DEBUG",
+            "vllm-xpu-memfix: driver guard not needed: 1 Intel GPU visible to this process: no "
+            "peer, so no host copy",
+        )
+    ]
+
+
+def test_a_tp_worker_leaves_the_host_findings_to_the_process_that_said_them(
+    guard_in_process, tmp_path
+):
+    """On the #916 host, with process 0 alive and speaking for the host, a worker that
+    inherited the keys logs its variables at INFO and #916 only at DEBUG, without the word
+    WARNING: the finding is said once per host, not by every TP worker."""
+    from vllm_xpu_memfix.core import host_lock
+    from vllm_xpu_memfix.core.process import start_time
+
+    speaker = host_lock.prepare_lock_dir(tmp_path / "lk") / "driver_env-xe_peer_context_oom.speaker"
+    parent = os.getppid()  # alive for the whole test: it stands for process 0
+    speaker.write_text(f"{parent} {start_time(parent)}\n")
+    records, _ = guard_in_process("worker", (B70, B70), now=GUARD, kernel=KERNEL_6)
+    loud = [(level, text) for level, text in records if level != "DEBUG"]
+    assert loud == [
+        (
+            "INFO",
+            "vllm-xpu-memfix: driver guard: driver variables in this worker: "
+            "NEOReadDebugKeys=1 EnableDeferBacking=0",
+        )
+    ]
+    quiet = [text for level, text in records if level == "DEBUG"]
+    assert any("UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY" in text for text in quiet)
+    assert not any("WARNING" in text for text in quiet)
+    # With nobody speaking for the host (process 0 gone), the worker says it.
+    speaker.write_text(f"{parent} 1\n")
+    records, _ = guard_in_process("worker", (B70, B70), now=GUARD, kernel=KERNEL_6)
+    assert records[0][0] == "ERROR" and "UR_RESULT_ERROR" in records[0][1]
 
 
 def test_check_shows_the_decision_the_guard_makes(tmp_path, capsys, clean_env, monkeypatch):

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_xpu_memfix.core import config, numbers
+from vllm_xpu_memfix.core.log import LIMIT
 from vllm_xpu_memfix.core.patching import Patcher
 from vllm_xpu_memfix.fixes import kv_headroom
 from vllm_xpu_memfix.memory.estimate import (
@@ -234,6 +235,7 @@ def test_reserve_is_subtracted_and_logged(worker_with, caplog):
     assert worker.available_kv_cache_memory_bytes == available
     assert "B=256 x vocab 248,320 x 2 B" in line
     assert "20.00 -> 19.63 GiB (1.84% given up)" in line
+    assert line.endswith("See docs/troubleshooting.md#sampler_burst") and len(line) <= LIMIT
 
 
 def test_a_kv_size_set_by_vllms_start_up_plan_still_gets_the_reserve(worker_with, monkeypatch):
@@ -271,7 +273,8 @@ def test_user_set_kv_size_is_left_alone_and_warns_when_the_burst_cannot_fit(work
     with caplog.at_level(logging.WARNING):
         assert worker.determine_available_memory() == STUB_BYTES
     warning = next(m for m in _records(caplog, logging.WARNING) if "kv-cache-memory-bytes" in m)
-    assert "leaves 200 MiB" in warning
+    assert "leaves 200 MiB" in warning and len(warning) <= LIMIT
+    assert warning.endswith("See docs/troubleshooting.md#sampler_burst")
     suggested = int(re.search(r"Lower --kv-cache-memory-bytes to (\d+)", warning).group(1))
     assert suggested < 10 * GiB
 
@@ -345,6 +348,7 @@ def test_oom_in_warm_up_logs_the_kv_size_that_fits_and_reraises(vllm_config_703,
     expected = int(20.62 * GiB) - 122 * MiB - (256 * VOCAB_703 * 2 + 256 * MiB)
     assert suggested == expected
     assert "the failed allocation 122 MiB" in hint
+    assert hint.endswith("See docs/troubleshooting.md#sampler_burst") and len(hint) <= LIMIT
 
 
 def test_other_errors_pass_through_without_a_hint(caplog):
@@ -384,8 +388,8 @@ def test_real_server_sizes_its_kv_cache_after_the_reserve(serve, tiny_model):
     assert server.complete("Hello")["choices"]
     log = server.log_text()
     vllm_sized = float(re.search(r"Auto set \(([\d.]+)/[\d.]+\) GiB for KV cache", log).group(1))
-    line = re.search(r"KV headroom .*reserve ([\d.]+) MiB.*KV cache ([\d.]+) -> ([\d.]+) GiB", log)
-    reserve_mib, before, after = (float(g) for g in line.groups())
+    line = re.search(r"KV headroom .*KV cache ([\d.]+) -> ([\d.]+) GiB.*reserve ([\d.]+) MiB", log)
+    before, after, reserve_mib = (float(g) for g in line.groups())
     assert before == vllm_sized
     assert reserve_mib == pytest.approx(256.1, abs=0.1)
     assert (before - after) * 1024 == pytest.approx(reserve_mib, abs=11)

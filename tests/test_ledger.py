@@ -8,6 +8,7 @@ import socket
 import pytest
 from helpers.xe_trees import FOUR_PINNED, FOUR_UNPINNED, TWO_PINNED
 
+from vllm_xpu_memfix.core.log import LIMIT
 from vllm_xpu_memfix.memory.ledger import PHASES, Ledger
 from vllm_xpu_memfix.memory.snapshot import DrmUsage, Snapshot
 
@@ -85,7 +86,7 @@ def test_table_shows_memavailable_drop_and_drm_columns_when_present():
         "VRAM",
     ]
     assert lines[2].split() == ["ready", "2.5", "300", "-", "-", "-", "600", "2,048", "8,192"]
-    assert "anon +200 MiB" in ledger.summary_line()
+    assert "anon +200 MiB" in ledger.summary_lines()[0]
 
 
 def test_unwritable_ledger_dir_is_reported_not_raised(tmp_path):
@@ -180,7 +181,17 @@ def recorded_ledger(scenario):
     ids=lambda v: getattr(v, "name", ""),
 )
 def test_the_summary_shows_the_committed_copy_and_the_imports_as_imports(scenario, says):
-    assert says in recorded_ledger(scenario).summary_line()
+    assert says in "; ".join(recorded_ledger(scenario).summary_lines())
+
+
+def test_the_driver_copy_as_likely_cause_points_to_its_section():
+    """A record each (within the limit); the driver's copy points to driver_host_copy."""
+    lines = recorded_ledger(FOUR_PINNED).summary_lines()
+    assert [line.split(" ")[0] for line in lines] == ["attribution", "driver", "likely"]
+    assert lines[-1].endswith("(docs/troubleshooting.md#driver_host_copy)")
+    assert all(len(f"vllm-xpu-memfix: rank 0 {line}") <= LIMIT for line in lines)
+    quiet = recorded_ledger(FOUR_UNPINNED).summary_lines()[-1]
+    assert "likely cause: peer imports" in quiet and "troubleshooting" not in quiet
 
 
 def test_the_table_shows_the_gpu_count_where_the_kernel_has_one():

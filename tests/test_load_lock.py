@@ -86,7 +86,7 @@ def test_a_shard_buffered_on_the_host_sizes_the_slots_from_the_room(tmp_path):
     settings = room_settings(tmp_path, FULL)
     slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=8))
     assert slots is None and "-> 8 slot(s)" in why and "load unserialised" in why
-    assert host_room(FULL).describe() in why and f"{per_rank / 2**20:,.1f} MiB per rank" in why
+    assert f"room 96 MiB, staging {per_rank / 2**20:,.1f} MiB per rank, 8 ranks on this host" in why
     settings = room_settings(tmp_path / "other", FULL)
     slots, why = load_lock.decide(settings, model_with("cpu"), parallel(world_size=300))
     assert slots == fits and f"the room holds {fits} of the 300 ranks' staging" in why
@@ -96,17 +96,21 @@ def test_a_tight_container_gives_one_slot_through_the_section(tmp_path, caplog):
     big = model_with("cpu")  # 64 MiB staged and ~230 MiB of temporaries; 96 MiB of room
     big.layer.weight = torch.nn.Parameter(torch.empty(1024, 32768, dtype=torch.bfloat16))
     section = load_lock.LoadSection(room_settings(tmp_path, FULL))
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG, logger=load_lock.logger.name):
         section.enter(big, parallel())
     try:
         assert section.holding is not None and section.holding.acquired
         assert section.semaphore is not None and section.semaphore.slots == 1
     finally:
         section.leave()
-    line = next(r.getMessage() for r in caplog.records if "sized from the room" in r.getMessage())
+    sized = next(r for r in caplog.records if "sized from the room" in r.getMessage())
+    line = sized.getMessage()
     per_rank = cpu_staging(1024 * 32768)
     assert "room 96 MiB" in line and f"{per_rank / 2**20:,.1f} MiB per rank" in line
     assert "-> 1 slot(s)" in line
+    assert sized.levelname == "WARNING" and line.endswith("docs/troubleshooting.md#quant_staging")
+    room = next(r for r in caplog.records if host_room(FULL).describe() in r.getMessage())
+    assert room.levelname == "DEBUG", "the deciding rank's room in full, as a detail"
 
 
 def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
@@ -121,12 +125,11 @@ def test_a_garbage_cgroup_file_logs_why_and_takes_one_slot(tmp_path, caplog):
         assert section.semaphore is not None and section.semaphore.slots == 1
     finally:
         section.leave()
-    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    assert "room unknown" in warning and "memory.max" in warning and "conservative" in warning
-    assert (
-        f"{cpu_staging(256 * 512) / 2**20:,.1f} MiB per rank" in warning
-        and "-> 1 slot(s)" in warning
-    )
+    why, sized = (r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "room unknown: cgroup unreadable" in why and "memory.max" in why, "the file first"
+    assert "room unknown" in sized and "conservative" in sized
+    assert f"{cpu_staging(256 * 512) / 2**20:,.1f} MiB per rank" in sized
+    assert "-> 1 slot(s)" in sized
 
 
 def test_the_flag_and_explicit_slots_win_over_the_room(tmp_path):

@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import plugin_records
 
 from vllm_xpu_memfix.cli.demo.tiny_model import parameter_bytes
+from vllm_xpu_memfix.core.log import CUT_MARK, LIMIT
 from vllm_xpu_memfix.memory.ledger import PHASES, PSS_PHASES
 
 pytest.importorskip("vllm")
@@ -22,9 +24,15 @@ REGISTERED = re.compile(r"vllm-xpu-memfix \S+ registered \(pid=(\d+) role=([\w-]
 
 def test_plugin_loads_in_every_process_and_server_still_serves(serve, small_model, tmp_path):
     ledger_dir = tmp_path / "ledger"
+    records_path = tmp_path / "plugin-records.txt"
+    logging_config = plugin_records.capture(tmp_path / "logging.json", records_path)
     server = serve(
         small_model,
-        env={"VLLM_XPU_MEMFIX_LEDGER": "on", "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)},
+        env={
+            "VLLM_XPU_MEMFIX_LEDGER": "on",
+            "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir),
+            "VLLM_LOGGING_CONFIG_PATH": str(logging_config),  # vLLM's own, plus a capture
+        },
     )
     server.wait_ready()
     completion = server.complete("Hello, how are you", max_tokens=4)
@@ -42,15 +50,28 @@ def test_plugin_loads_in_every_process_and_server_still_serves(serve, small_mode
     )
     assert "Unknown vLLM environment variable detected: VLLM_XPU_MEMFIX" not in log
 
-    # The ledger: a table with every phase, then the attribution line, from the worker.
-    table_at = log.index("vllm-xpu-memfix: host-memory ledger, rank 0 (worker-0), MiB")
-    table = log[table_at:].splitlines()[1 : 2 + len(PHASES)]
-    assert [line.split("] ", 1)[1].split("  ")[0] for line in table[1:]] == list(PHASES)
-    assert re.search(
-        r"rank 0 attribution since process start: anon \+[\d,]+ MiB.*likely cause: ", log
+    # Every record the plugin logged in every process, DEBUG included, as the records
+    # themselves: each within the limit, none cut, no DEBUG record that says WARNING.
+    records = plugin_records.read(records_path)
+    assert {str(r.pid) for r in records} >= set(registrations), "records from every process"
+    too_long = [r for r in records if len(r.message) > LIMIT or r.message.endswith(CUT_MARK)]
+    assert not too_long, too_long
+    assert not [r for r in records if r.level == "DEBUG" and "WARNING" in r.message]
+    main_pid = next(int(pid) for pid, role in registrations.items() if role == "main")
+    assert any(r.pid == main_pid and "driver guard not needed" in r.message for r in records), (
+        "process 0's guard record, made before vLLM configured logging, is not lost"
     )
 
+    # The ledger: a table with every phase (a record per row), then the attribution and the
+    # likely cause, from the worker.
     worker_pid = next(pid for pid, role in registrations.items() if role == "worker-0")
+    own = [r.message for r in records if r.pid == int(worker_pid)]
+    table_at = own.index("vllm-xpu-memfix: host-memory ledger, rank 0 (worker-0), MiB")
+    table = own[table_at + 2 : table_at + 2 + len(PHASES)]
+    assert [row.split("  ")[0] for row in table] == list(PHASES)
+    assert re.search(r"rank 0 attribution since process start: anon \+[\d,]+ MiB", log)
+    assert "vllm-xpu-memfix: rank 0 likely cause: " in log
+
     by_pid = {}
     for path in ledger_dir.glob("ledger-*.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines()]

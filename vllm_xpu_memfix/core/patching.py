@@ -12,6 +12,7 @@ version. Nothing here ever raises into vLLM.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -240,3 +241,35 @@ class Patcher:
 
     def states(self) -> dict[tuple[str, str], tuple[State, str]]:
         return {k: (r.state, r.reason) for k, r in self._records.items()}
+
+
+_AFTER_CONFIGURE = Patcher()
+_CONFIGURE_KEY = ("plugin", "vllm.logger:configure_logging")
+_PENDING: list[tuple[logging.Logger, int, str]] = []
+
+
+def _log_pending(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+    result = wrapped(*args, **kwargs)
+    pending = list(_PENDING)
+    _PENDING.clear()
+    for logger_, level, message in pending:
+        logger_.log(level, message)
+    return result
+
+
+def log_when_configured(logger_: logging.Logger, level: int, message: str) -> None:
+    """Log now where a handler takes the record, else right after vLLM configures logging.
+
+    The API server loads plugins while it builds its argument parser, before
+    ``vllm.logger.configure_logging`` runs: a record logged then is lost below WARNING
+    and printed without vLLM's prefix above it.
+    """
+    hook = _AFTER_CONFIGURE.states().get(_CONFIGURE_KEY, (State.APPLIED, ""))[0]
+    if logger_.hasHandlers() or "vllm.logger" not in sys.modules or hook is not State.APPLIED:
+        # configured, plain logging, or vLLM's hook already ran; shown at the caller's line
+        logger_.log(level, message, stacklevel=2)
+        return
+    _PENDING.append((logger_, level, message))
+    _AFTER_CONFIGURE.install(Patch(*_CONFIGURE_KEY, _log_pending, once=True))
+    if _AFTER_CONFIGURE.state(_CONFIGURE_KEY)[0] is not State.APPLIED:  # no such function
+        _log_pending(lambda: None, None, (), {})

@@ -138,7 +138,11 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
     @functools.cache
     def layout() -> int4_layouts.Recognised:
         found = int4_layouts.recognise(int4_layouts.shape_of_module(sys.modules[MODULE]))
-        logger.info("vllm-xpu-memfix: sym_int4 layout: %s", found.summary)
+        if found.layout is None:
+            logger.info("vllm-xpu-memfix: sym_int4 layout: %s", found.summary)
+        else:
+            logger.info("vllm-xpu-memfix: sym_int4 layout: %s", found.layout.title)
+            logger.debug("vllm-xpu-memfix: device_quant %s", found.layout.device_quant)
         return found
 
     def plugin_kernel() -> bool:

@@ -32,7 +32,8 @@ Mechanism
     In process 0 (the API server or the ``LLM`` process), before EngineCore and the
     workers are spawned, read from files only (sysfs, dpkg or the driver's file name,
     ``/proc/sys/kernel/osrelease``, all under the sysroot) and from the environment
-    (``intel/driver_facts``), then decide, and say so in one line:
+    (``intel/driver_facts``), then decide, and say so (``intel/driver_records``: one
+    finding per record, the most serious first):
     one Intel GPU visible, or the user's ``ForceZeDeviceCanAccessPerReturnValue=0`` or
     ``EnableDeferBacking=0`` (with ``NEOReadDebugKeys=1``): no copy, nothing set;
     2+ Battlemage visible and the runtime in the affected range (or unknown): set
@@ -40,14 +41,14 @@ Mechanism
     already. A key the user set to a value the driver takes is never overridden; a value
     it would not take (``maybe``) is named and treated as absent. Spawned children
     inherit what is set; each worker logs what it has. The first process on the host
-    that sets the key (and no other while it lives) adds Intel's two positions to its
-    line (``host_lock.first_alive`` in the lock directory).
+    that sets the key (and no other while it lives) names Intel's two positions in a
+    record of its own (``host_lock.first_alive`` in the lock directory).
     One Battlemage beside another Intel GPU: nothing is set. The copy has been reported
     only between Battlemage GPUs, and defer backing is on for Battlemage only, so a
     debug key is not applied where no report shows the copy; ``on`` applies it anyway.
-    #916's condition gives a WARNING with its remedies (kernel 7.1; compute-runtime
+    #916's condition gives an ERROR and its remedies (kernel 7.1; compute-runtime
     26.22.38646.4 or later, 26.27 on master; or ``no_peer_access``); where the runtime
-    or the kernel cannot be read and the rest holds, the line says it could not be ruled
+    or the kernel cannot be read and the rest holds, a WARNING that it could not be ruled
     out. The plugin never turns P2P off by itself.
     Every other process first reads ``/proc/self/maps``: where Level Zero is already
     mapped, the driver has read its keys, so the guard sets nothing there and decides
@@ -75,23 +76,21 @@ Remove when
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from vllm_xpu_memfix.core import config, host_lock
+from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.process import current_role, environ_at_start
 from vllm_xpu_memfix.intel import driver_facts as facts
+from vllm_xpu_memfix.intel import driver_records as records
+from vllm_xpu_memfix.intel.driver_records import shown
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.intel import driver
-
-logger = get_logger("driver_env")
 
 FIX = config.DRIVER_ENV
 REMOVE_WHEN = RemoveWhen("compute-runtime stops pinning a host copy of device allocations")
@@ -101,22 +100,6 @@ GUARD_ENV = {READ: "1", DEFER: "0"}
 NO_PEER_ACCESS_ENV = {READ: "1", NO_PEER: "0"}
 EVIDENCE = facts.HOST_COPY_THREADS
 SPAWNERS = ("main", "engine_core")  # they start vLLM's ranks, which inherit what they set
-RANKS = ("worker", "ray_worker")
-# Verified with Ray 2.60 and vLLM 0.32 (docs/multi-node.md, tests/test_ray.py): a Ray
-# worker process starts with the raylet's environment plus its runtime_env env_vars,
-# and Ray merges the job's env_vars into those an actor is given (vLLM 0.32's executors
-# give theirs env_vars: RayExecutorV2._build_runtime_env). vLLM's copies of the
-# driver's variables (VLLM_RAY_EXTRA_ENV_VARS_TO_COPY in the legacy executor's
-# update_environment_variables, the driver environment in
-# RayExecutorV2.initialize_worker) run after the worker has resolved the platform.
-FIX_BEFORE_START = (
-    "the variables must be in the environment the process starts with. On Ray: export "
-    "them on every node before `ray start`, or put them in the Ray job's runtime_env "
-    "env_vars (ray.init(runtime_env={'env_vars': {...}}) before the engine is created); "
-    "`vllm-xpu-memfix ray-env` prints both. vLLM's copying of variables to Ray workers "
-    "(VLLM_RAY_EXTRA_ENV_VARS_TO_COPY, the driver's environment) comes too late"
-)
-INTERIM_SPEAKER = "driver_env-interim"
 
 
 @dataclass(frozen=True)
@@ -176,13 +159,6 @@ class Host:
             kernel() if several else None,
             drm,
         )
-
-
-def _shown(env: Mapping[str, str]) -> str:
-    """``K=v K=v`` on one line; a value that is not one plain word is quoted."""
-    return " ".join(
-        f"{k}={v if v.isprintable() and v.split() == [v] else repr(v)}" for k, v in env.items()
-    )
 
 
 def read_host(settings: Settings, environ: Mapping[str, str]) -> Host:
@@ -313,7 +289,7 @@ def xe_peer_oom_warning(oom: driver.XePeerOom) -> str:
         f"{head}; no report shows {DEFER}=0 helping. Remedies: kernel {kernel} or later; "
         f"compute-runtime {facts.XE_PEER_OOM_FIXED.tag} or later "
         f"({facts.XE_PEER_OOM_FIXED_ON_MASTER.name} on master); or {FIX.env}=no_peer_access "
-        f"({_shown(NO_PEER_ACCESS_ENV)}), which costs P2P: {facts.NO_PEER_ACCESS_COST}"
+        f"({shown(NO_PEER_ACCESS_ENV)}), which costs P2P: {facts.NO_PEER_ACCESS_COST}"
     )
 
 
@@ -333,7 +309,7 @@ def remarks(decision: Decision) -> list[str]:
 
 def summary(decision: Decision) -> str:
     """The decision in one line, as ``check`` and ``doctor`` show it."""
-    what = f"sets {_shown(decision.env)}" if decision.apply else "sets nothing"
+    what = f"sets {shown(decision.env)}" if decision.apply else "sets nothing"
     return ". ".join([f"{what}: {decision.reason}", *remarks(decision)])
 
 
@@ -371,72 +347,11 @@ def install(_patcher: Patcher, settings: Settings) -> None:
     decision = decide(settings, os.environ)
     apply(decision, os.environ)
     if decision.apply:
-        _report_applied(role, settings, decision, loaded)
+        interim = DEFER in decision.env and records.speaks_interim(settings)
+        said = records.applied(role, decision, loaded, interim)
     else:
-        _report_not_applied(role, decision)
-
-
-def _speaks_for_the_host(settings: Settings) -> bool:
-    try:
-        return host_lock.first_alive(settings.lock_dir, INTERIM_SPEAKER)
-    except (host_lock.LockDirError, OSError):
-        return True  # said twice rather than never
-
-
-def _report_applied(role: str, settings: Settings, decision: Decision, loaded: list[str]) -> None:
-    who = "vLLM" if role == "main" else "process, which did not inherit them"
-    if NO_PEER in decision.env:
-        effect = (
-            "zeDeviceCanAccessPeer now answers false: no peer residency, so no host copy and "
-            f"no {facts.XE_PEER_OOM_THREAD} failure; it costs P2P: {facts.NO_PEER_ACCESS_COST}"
-        )
-    else:
-        effect = (
-            f"Without {DEFER}=0 the Intel driver pins a host copy of every device allocation "
-            f"on multi-GPU Battlemage ({EVIDENCE})"
-        )
-        if _speaks_for_the_host(settings):
-            effect += f". This is {facts.INTERIM}"
-    if loaded:
-        effect += (
-            f". The Intel driver is already loaded here ({loaded[0]}), so they take effect in "
-            "the processes this one spawns, not in this one nor in Ray workers "
-            "(docs/multi-node.md)"
-        )
-    level = logging.WARNING if role in ("main", *RANKS) else logging.INFO
-    line = ". ".join(
-        [
-            f"vllm-xpu-memfix: driver guard: set {_shown(decision.env)} in this {who} "
-            f"({decision.reason})",
-            effect,
-            f"Opt out: {FIX.env}=off",
-            *remarks(decision),
-        ]
-    )
-    logger.log(level, line)
-
-
-def _not_applied_level(role: str, decision: Decision) -> int:
-    certain_oom = decision.xe_peer_oom is not None and decision.xe_peer_oom.certain
-    if decision.host_copy or decision.not_understood or (certain_oom and role != "engine_core"):
-        return logging.WARNING
-    if role == "ray_worker" or (role == "worker" and decision.user_set):
-        return logging.INFO  # Ray nodes can differ; say per node what each has
-    if role == "main" and (decision.user_set or decision.visible_intel >= 2):
-        return logging.INFO
-    return logging.DEBUG
-
-
-def _report_not_applied(role: str, decision: Decision) -> None:
-    if role in RANKS and decision.user_set and not decision.host_copy:
-        head = f"vllm-xpu-memfix: driver variables in this worker: {_shown(decision.user_set)}"
-    elif decision.host_copy or decision.visible_intel >= 2:
-        head = f"vllm-xpu-memfix: driver guard set nothing: {decision.reason}"
-    elif role == "ray_worker":
-        head = f"vllm-xpu-memfix: driver guard not needed on this node: {decision.reason}"
-    else:
-        head = f"vllm-xpu-memfix: driver guard not needed: {decision.reason}"
-    logger.log(_not_applied_level(role, decision), ". ".join([head, *remarks(decision)]))
+        said = records.not_applied(role, decision)
+    records.emit(role, settings, said)
 
 
 def _report_too_late(role: str, settings: Settings, loaded: list[str]) -> None:
@@ -448,7 +363,7 @@ def _report_too_late(role: str, settings: Settings, loaded: list[str]) -> None:
     started_with = dict(os.environ) if at_start is None else at_start
     seen = decide(settings, started_with)
     if not seen.apply:
-        _report_not_applied(role, seen)
+        records.emit(role, settings, records.not_applied(role, seen))
         return
     # What was not set cannot avoid compute-runtime #916 either.
     oom = driver.xe_peer_oom(
@@ -461,26 +376,4 @@ def _report_too_late(role: str, settings: Settings, loaded: list[str]) -> None:
     late = {
         k: v for k, v in seen.env.items() if os.environ.get(k) == v and started_with.get(k) != v
     }
-    if late:
-        what = (
-            f"{_shown(late)} were set in this process after it started (on Ray: vLLM copies "
-            "the driver's environment into its workers then), when the Intel GPU driver was "
-            f"already loaded ({loaded[0]})"
-        )
-    else:
-        what = (
-            f"the Intel GPU driver is already loaded ({loaded[0]}) and {_shown(seen.env)} "
-            "were not in this process's environment when it started"
-        )
-    if NO_PEER in seen.env:
-        lost = "P2P stays on in this process"
-    elif seen.copy_expected:
-        lost = "The host copy of every device allocation will be pinned in this process"
-    else:
-        lost = "This process runs without them"
-    line = (
-        f"vllm-xpu-memfix: driver guard cannot take effect in this {role} process: {what}; "
-        f"the driver reads them only when it starts. {lost} ({seen.reason}; {EVIDENCE}). "
-        f"Nothing was set. Fix: {FIX_BEFORE_START}"
-    )
-    logger.error(". ".join([line, *remarks(seen)]))
+    records.emit(role, settings, records.too_late(role, seen, late, loaded))

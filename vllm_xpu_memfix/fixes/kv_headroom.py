@@ -55,8 +55,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.causes import SAMPLER_BURST
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger, see
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import GiB, MiB
 from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
@@ -101,8 +102,7 @@ class Reserve:
         return (
             f"reserve {self.total / MiB:,.1f} MiB = gathered logits "
             f"{self.gathered_logits / MiB:,.1f} (B={s.num_reqs} x vocab {s.padded_vocab:,}"
-            f" x {s.logits_dtype_bytes} B)"
-            f" + slack {self.slack / MiB:,.0f} MiB; whole burst {self.estimate.breakdown()}"
+            f" x {s.logits_dtype_bytes} B) + slack {self.slack / MiB:,.0f} MiB"
         )
 
 
@@ -187,17 +187,22 @@ def _check_user_kv_size(instance: Any, reserve: Reserve, kv_bytes: int) -> None:
     need = reserve.estimate.peak + reserve.slack
     if left < need:
         logger.warning(
-            "vllm-xpu-memfix: --kv-cache-memory-bytes=%d leaves %.0f MiB of device memory "
-            "(%.0f free at start - %.0f weights - KV); the post-KV sampler warm-up needs about "
-            "%.0f MiB (%s, slack %.0f MiB). Lower --kv-cache-memory-bytes to %d or below.",
+            "vllm-xpu-memfix: --kv-cache-memory-bytes=%d leaves %.0f MiB of device memory; the "
+            "post-KV sampler warm-up needs about %.0f MiB. Lower --kv-cache-memory-bytes to %d "
+            "or below. See %s",
             kv_bytes,
             left / MiB,
+            need / MiB,
+            max(kv_bytes - (need - left), 0),
+            see(SAMPLER_BURST),
+        )
+        logger.debug(
+            "vllm-xpu-memfix: KV headroom: %.0f MiB free at start - %.0f weights - KV; the "
+            "warm-up's %s, slack %.0f MiB",
             free_at_start / MiB,
             weights / MiB,
-            need / MiB,
             reserve.estimate.breakdown(),
             reserve.slack / MiB,
-            max(kv_bytes - (need - left), 0),
         )
 
 
@@ -235,15 +240,20 @@ def reserve_headroom(
     if hasattr(instance, "available_kv_cache_memory_bytes"):
         instance.available_kv_cache_memory_bytes -= reserve.total
     after = int(available) - reserve.total
+    rank = getattr(instance, "rank", "?")
     logger.info(
-        "vllm-xpu-memfix: rank %s KV headroom (%s): %s. KV cache %.2f -> %.2f GiB "
-        "(%.2f%% given up)",
-        getattr(instance, "rank", "?"),
+        "vllm-xpu-memfix: rank %s KV headroom (%s): KV cache %.2f -> %.2f GiB (%.2f%% given "
+        "up) for the sampler warm-up: %s. See %s",
+        rank,
         why,
-        reserve.describe(),
         available / GiB,
         after / GiB,
         100 * reserve.total / available,
+        reserve.describe(),
+        see(SAMPLER_BURST),
+    )
+    logger.debug(
+        "vllm-xpu-memfix: rank %s KV headroom: whole burst %s", rank, reserve.estimate.breakdown()
     )
     return after
 
@@ -288,8 +298,9 @@ def oom_hint(instance: Any, reserve: Reserve, tried: int | None) -> str:
     return (
         f"vllm-xpu-memfix: device OOM in the post-KV warm-up. Restart with "
         f"--kv-cache-memory-bytes={suggested} ({suggested / GiB:.2f} GiB = KV cache "
-        f"{kv_now / GiB:.2f} GiB - {source} {shortfall / MiB:,.0f} MiB - {reserve.describe()}), "
-        f"or lower --max-num-seqs ({reserve.estimate.shape.num_reqs} requests are warmed up)."
+        f"{kv_now / GiB:.2f} GiB - {source} {shortfall / MiB:,.0f} MiB - reserve "
+        f"{reserve.total / MiB:,.1f} MiB), or lower --max-num-seqs "
+        f"({reserve.estimate.shape.num_reqs} requests are warmed up). See {see(SAMPLER_BURST)}"
     )
 
 
@@ -303,6 +314,7 @@ def hint_on_oom(settings: Settings, wrapped: Any, instance: Any, args: Any, kwar
             try:
                 reserve = reserve_for(instance.vllm_config, settings)
                 logger.error("%s", oom_hint(instance, reserve, tried))
+                logger.debug("vllm-xpu-memfix: the reserve: %s", reserve.describe())
             except Exception as hint_exc:
                 logger.warning("vllm-xpu-memfix: no OOM hint: %r", hint_exc)
         raise

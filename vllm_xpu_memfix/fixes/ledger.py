@@ -135,8 +135,11 @@ class Recorder:
             return
         try:
             title = f"vllm-xpu-memfix: host-memory ledger, rank {ledger.rank} ({ledger.role}), MiB"
-            logger.info("%s\n%s", title, ledger.table())
-            logger.info("vllm-xpu-memfix: rank %s %s", ledger.rank, ledger.summary_line())
+            logger.info("%s", title)
+            for row in ledger.table().splitlines():  # a record per row: each within the limit
+                logger.info("%s", row)
+            for line in ledger.summary_lines():
+                logger.info("vllm-xpu-memfix: rank %s %s", ledger.rank, line)
             if room is not None:
                 logger.info(
                     "vllm-xpu-memfix: rank %s host at ready: %s", ledger.rank, room.describe()

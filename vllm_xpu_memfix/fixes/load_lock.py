@@ -62,14 +62,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.causes import QUANT_STAGING
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger, see
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
 
 if TYPE_CHECKING:  # imported where used: registration must stay cheap
     from vllm_xpu_memfix.core.host_lock import Holding, HostSemaphore
+    from vllm_xpu_memfix.memory.room import Room
 
 logger = get_logger("load_lock")
 
@@ -158,14 +160,17 @@ def ranks_on_host(vllm_config: Any) -> int:
 def agreed_room_slots(settings: Settings, staging: float, ranks: int) -> tuple[int, str]:
     """:func:`staging.slots_for_room` as the engine's first rank to get here decided it: the ranks
     may see different rooms, but must queue on one semaphore. Logs the decision, as a
-    WARNING where it was cramped."""
+    WARNING where it was cramped, and the deciding rank's room at DEBUG."""
     from vllm_xpu_memfix.core.host_lock import agree
     from vllm_xpu_memfix.core.process import instance_key, instance_token
     from vllm_xpu_memfix.memory.room import host_room
     from vllm_xpu_memfix.startup import staging as host_staging
 
+    rooms: list[Room] = []
+
     def decide_here() -> str:
-        found = host_staging.slots_for_room(host_room(settings.sysroot), staging, ranks)
+        rooms.append(host_room(settings.sysroot))
+        found = host_staging.slots_for_room(rooms[0], staging, ranks)
         return f"{found.slots} {int(found.cramped)} {found.why}"
 
     name = f"load-slots-{instance_key()}"
@@ -173,7 +178,18 @@ def agreed_room_slots(settings: Settings, staging: float, ranks: int) -> tuple[i
     count, cramped, why = value.split(" ", 2)
     who = "this rank decided" if mine else "as the engine's first rank decided"
     line = f"{ROOM_SIZED} ({who}): {why}"
-    (logger.warning if cramped == "1" else logger.info)("vllm-xpu-memfix: %s", line)
+    if rooms and rooms[0].bytes is None:  # names the file that could not be read
+        logger.warning("vllm-xpu-memfix: load lock: %s", rooms[0].describe())
+    if cramped == "1":
+        logger.warning("vllm-xpu-memfix: %s. See %s", line, see(QUANT_STAGING))
+    else:
+        logger.info("vllm-xpu-memfix: %s", line)
+    if rooms and rooms[0].bytes is not None:
+        logger.debug(
+            "vllm-xpu-memfix: load lock: %s; the loading ranks may plan on %.0f%% of the room",
+            rooms[0].describe(),
+            100 * host_staging.ROOM_SHARE,
+        )
     return int(count), line
 
 

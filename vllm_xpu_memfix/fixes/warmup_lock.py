@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger, listed
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.vllm_code import warmup_section
 
@@ -178,9 +178,11 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
             found = warmup_section.process_local_section(textwrap.dedent(source))
         if found.usable:
             logger.info(
-                "vllm-xpu-memfix: warm-up lock covers kernel_warmup's process-local section (%s)",
-                ", ".join(found.calls),
+                "vllm-xpu-memfix: warm-up lock covers kernel_warmup's process-local section "
+                "(%d calls)",
+                len(found.calls),
             )
+            logger.debug("vllm-xpu-memfix: warm-up lock: its calls: %s", listed(found.calls, 250))
         else:
             logger.info(
                 "vllm-xpu-memfix: warm-up lock covers %s only: %s",

@@ -187,7 +187,7 @@ INTEL_POSITIONS = (
 INTERIM = (
     "Intel's interim workaround (vllm #50269); compute-runtime's maintainer calls debug keys "
     f"debug-only and names compute-runtime {PRODUCTION_ROUTE.name} as the production route "
-    f"(compute-runtime #953: {PRODUCTION_ROUTE_CAVEATS})"
+    "(compute-runtime #953)"
 )
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.core.causes import DRIVER_HOST_COPY
+from vllm_xpu_memfix.core.log import see
 from vllm_xpu_memfix.core.units import GiB, MiB
 from vllm_xpu_memfix.memory import snapshot
 from vllm_xpu_memfix.memory.attribution import Attribution, HostCopy, attribute
@@ -209,10 +211,12 @@ class Ledger:
         ]
         return "\n".join(lines)
 
-    def summary_line(self) -> str:
+    def summary_lines(self) -> list[str]:
+        """The attribution as the ledger logs it, one record each: the growth by kind, the
+        driver's host copy and peer imports where there are any, and the likely cause."""
         a = self.attribution()
         if a is None:
-            return "attribution: not enough phases recorded"
+            return ["attribution: not enough phases recorded"]
         anon = f"anon {a.anon / MiB:+,.0f} MiB"
         if a.known:
             owners = ", ".join(f"{name} {_mib_known(size)} MiB" for name, size in a.known.items())
@@ -224,6 +228,9 @@ class Ledger:
         ]
         if a.outside_processes is not None:
             parts.append(f"outside any process {a.outside_processes / MiB:+,.0f} MiB")
-        parts += host_copy_parts(a.host_copy)
         since = self.entries[0].phase
-        return f"attribution since {since}: {', '.join(parts)}; likely cause: {a.explanation}"
+        lines = [f"attribution since {since}: {', '.join(parts)}"]
+        if copy := host_copy_parts(a.host_copy):
+            lines.append(", ".join(copy))
+        pointer = f" ({see(DRIVER_HOST_COPY)})" if a.cause == "outside" else ""
+        return [*lines, f"likely cause: {a.explanation}{pointer}"]

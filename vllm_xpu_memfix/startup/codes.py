@@ -4,6 +4,15 @@ the two together). A code is never renamed: scripts match on it."""
 
 from __future__ import annotations
 
+from vllm_xpu_memfix.core.causes import (
+    DEVICE_OVERCOMMIT,
+    DRIVER_HOST_COPY,
+    DUPLICATE_INT4_LAYOUT,
+    PROCESS_BASELINE,
+    QUANT_STAGING,
+    SAMPLER_BURST,
+    XE_PEER_CONTEXT_OOM,
+)
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 
 # --- verdicts, worst last --------------------------------------------------------------
@@ -29,13 +38,7 @@ HOST, DEVICE = "host", "device"
 
 # --- causes ----------------------------------------------------------------------------
 
-DRIVER_HOST_COPY = "driver_host_copy"
-XE_PEER_CONTEXT_OOM = "xe_peer_context_oom"
-QUANT_STAGING = "quant_staging"
-DUPLICATE_INT4_LAYOUT = "duplicate_int4_layout"
-SAMPLER_BURST = "sampler_burst"
-DEVICE_OVERCOMMIT = "device_overcommit"
-PROCESS_BASELINE = "process_baseline"
+# The names live in core.causes (the fixes' log records give them too); the meanings here.
 TP_EXCEEDS_GPUS = "tp_exceeds_gpus"
 
 CAUSES = {

@@ -47,18 +47,17 @@ def slots_for_room(room: Room, staging: float, ranks: int) -> RoomSlots:
     """How many ranks' staging (``staging`` bytes each, from :func:`per_rank`) the room
     holds (1 to ``ranks``), and the line saying why. A room that could not be read gives
     1, the choice that cannot overfill the host."""
-    measured = (
-        f"{room.describe()}, staging {staging / MiB:,.1f} MiB per rank (within "
-        f"{ROOM_SHARE:.0%} of the room), {ranks} ranks on this host"
-    )
+    # The room's figure; how it was made up (or why it is unknown) is the caller's detail.
+    head = "room unknown" if room.bytes is None else f"room {room.bytes / MiB:,.0f} MiB"
+    measured = f"{head}, staging {staging / MiB:,.1f} MiB per rank, {ranks} ranks on this host"
     if room.bytes is None:
         return RoomSlots(1, f"{measured} -> 1 slot(s): the conservative choice", True)
     fits = int(room.bytes * ROOM_SHARE // staging) if staging > 0 else ranks
     slots = min(ranks, max(1, fits))
     if slots == ranks:
-        reason = f"every rank's staging fits at once, so the {ranks} ranks load unserialised"
+        reason = "every rank's staging fits at once, so they load unserialised"
     elif fits < 1:
-        reason = "not even one rank's staging fits; one rank loads at a time"
+        reason = "not even one rank's staging fits: one loads at a time"
     else:
         reason = f"the room holds {fits} of the {ranks} ranks' staging at once"
     return RoomSlots(slots, f"{measured} -> {slots} slot(s): {reason}", fits < 1)

@@ -23,16 +23,15 @@ def plugin_lines(log_text: str) -> list[str]:
 
 
 def ledger_report(log_text: str) -> list[str]:
-    """The worker's ledger table and attribution line, as logged."""
+    """The worker's ledger: its table (a record per row) through the likely cause, as logged
+    by the process that logged the table's title."""
     lines = log_text.splitlines()
     for i, line in enumerate(lines):
         if "host-memory ledger" in line:
-            end = next(
-                j
-                for j in range(i + 1, len(lines) + 1)
-                if j == len(lines) or "attribution since" in lines[j]
-            )
-            return lines[i : end + 1]
+            process = line.split(")", 1)[0]
+            own = [row for row in lines[i:] if row.split(")", 1)[0] == process]
+            end = next((j for j, row in enumerate(own) if "likely cause:" in row), len(own) - 1)
+            return own[: end + 1]
     return []
 
 
