@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix.cli.doctor import codes
+from vllm_xpu_memfix.startup import codes
 from vllm_xpu_memfix.core import causes, log
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from vllm_xpu_memfix.core import causes, config, host_lock
 from vllm_xpu_memfix.core.config import Settings
-from vllm_xpu_memfix.core.log import get_logger, see
+from vllm_xpu_memfix.core.log import get_logger, listed, see
 from vllm_xpu_memfix.core.patching import log_when_configured
 from vllm_xpu_memfix.intel import driver_facts as facts
 
@@ -85,7 +85,7 @@ def xe_peer_oom(oom: driver.XePeerOom) -> list[Finding]:
     else:
         head = (
             f"{HEAD}: {facts.XE_PEER_OOM_THREAD} could not be ruled out ({where}; unknown: "
-            f"{' and '.join(oom.unknown)}): if it holds, {facts.XE_PEER_OOM_FAILURE}"
+            f"{listed(oom.unknown, 110)}): if it holds, every device allocation fails"
         )
     kernel = ".".join(map(str, facts.KERNEL_FIXED))
     remedies = (
