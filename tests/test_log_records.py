@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix.startup import codes
 from vllm_xpu_memfix.core import causes, log
+from vllm_xpu_memfix.startup import codes
 
 REPO = Path(__file__).resolve().parent.parent
 
