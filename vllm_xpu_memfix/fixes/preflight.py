@@ -24,7 +24,8 @@ Mechanism
     engine's start-up then fails and the counter has risen, one line names the process
     the kernel most likely killed (the largest by its last ledger RssAnon, as the OOM
     killer ranks), its last ledger phase (``VLLM_XPU_MEMFIX_LEDGER_DIR``), the host memory
-    then and the likely cause code, and the API server's ledger records it.
+    then and the likely cause code, and the API server's ledger records it (EngineCore where
+    vLLM reports its exit code as -9, else a worker).
 Targets
     ``vllm.engine.arg_utils:EngineArgs.create_engine_config`` (``vllm serve``'s API server,
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
@@ -278,8 +279,12 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
     if now is None or now <= judgement.oom_kills:
         return
     rows = _ledger_rows(settings.ledger_dir, judgement.started)
-    last = {pid: r[-1] for pid, r in rows.items() if r}
-    victim = max(last.values(), key=lambda r: r.get("rss_anon") or 0, default=None)
+    last = [r[-1] for r in rows.values() if r]
+    # EngineCore killed: vLLM names it with exit code -9; else a worker was (EngineCore
+    # then exits with 1), the largest by RssAnon as the OOM killer ranks them.
+    role = "engine" if ": -9" in str(error) else "worker"
+    of_role = [r for r in last if str(r.get("role", "")).startswith(role)]
+    victim = max(of_role or last, key=lambda r: r.get("rss_anon") or 0, default=None)
     if victim is None:
         who = "a vLLM process (phase unknown: set VLLM_XPU_MEMFIX_LEDGER_DIR to record phases)"
         memory = ""
