@@ -85,6 +85,7 @@ def main() -> int:
     # vLLM loads the plugin inside create_engine_config: its own preflight stays off, so
     # only the one this script installs (or not) acts.
     os.environ["VLLM_XPU_MEMFIX_PREFLIGHT"] = "off"
+    os.environ["VLLM_PLUGINS"] = "none"
     import logging
 
     from vllm_xpu_memfix.cli.demo.tiny_model import make_model

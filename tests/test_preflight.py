@@ -54,8 +54,10 @@ def engine_config(model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPa
     from vllm.engine.arg_utils import EngineArgs
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    # vLLM may load the plugin itself in this call: its global preflight stays off, so
-    # only the one installed here (with ``env``) acts.
+    # vLLM loads its plugins in this call: keep this plugin's register() out (it would
+    # patch every fix for the rest of the session) and its preflight off, so only the one
+    # installed here (with ``env``) acts.
+    monkeypatch.setenv("VLLM_PLUGINS", "none")
     monkeypatch.setenv(config.PREFLIGHT.env, "off")
     settings = config.load(env)
     patcher = Patcher()
