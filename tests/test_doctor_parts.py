@@ -15,7 +15,7 @@ from vllm_xpu_memfix.intel.driver import Gpu, kernel_from_release
 from vllm_xpu_memfix.memory.checkpoint import checkpoint_from_params
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
-from vllm_xpu_memfix.startup import phases, remedies
+from vllm_xpu_memfix.startup import host, phases, remedies
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 GiB = 1024**3
@@ -72,10 +72,10 @@ def test_facts_give_the_load_slots_the_switch_and_the_flag_ask_for():
     room = Room(64 * GiB, CgroupMemory())
     on = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "on"})
     off = config.load({"VLLM_XPU_MEMFIX_LOAD_LOCK": "off"})
-    assert facts.load_slots(on, TP4, False, room, None) == 1
-    assert facts.load_slots(off, TP4, True, room, None) is None
+    assert host.load_slots(on, TP4, False, room, None) == 1
+    assert host.load_slots(off, TP4, True, room, None) is None
     flagged = replace(TP4, max_parallel_loading_workers=2)
-    assert facts.load_slots(on, flagged, False, room, None) == 2
+    assert host.load_slots(on, flagged, False, room, None) == 2
 
 
 def test_the_model_counts_the_host_copy_on_each_rank_until_the_guard_applies():

@@ -190,3 +190,51 @@ def test_the_v2_model_runner_ends_the_ledger_after_its_warm_up(serve, tiny_model
             assert rows["ready"]["ts"] >= rows["warm-up done"]["ts"]
             return
     raise AssertionError(f"no worker ledger:\n{log[-3000:]}")
+
+
+def test_the_api_server_logs_exactly_one_preflight_line(serve, tiny_model):
+    server = serve(tiny_model)
+    server.wait_ready()
+    lines = [line for line in server.log_text().splitlines() if "preflight:" in line]
+    assert len(lines) == 1, lines
+    assert "FITS" in lines[0] and "device not judged" in lines[0]
+
+
+def test_a_worker_killed_at_start_up_with_oom_kill_risen_is_named_with_its_phase(
+    serve, tiny_model, tmp_path
+):
+    import os
+    import signal
+    import time
+
+    from hosts import build_host
+
+    host = build_host(tmp_path / "host", [])
+    (host / "proc/vmstat").write_text("oom_kill 5\n")
+    ledger_dir = tmp_path / "ledger"
+    server = serve(
+        tiny_model,
+        env={"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)},
+    )
+    assert server.process is not None
+    deadline = time.monotonic() + 240
+    worker = None
+    while worker is None and time.monotonic() < deadline and server.process.poll() is None:
+        for path in ledger_dir.glob("ledger-*.jsonl"):
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+            if rows and rows[0]["role"].startswith("worker"):
+                worker = rows[0]["pid"]
+        time.sleep(0.2)
+    assert worker is not None, server.log_text()[-3000:]
+    (host / "proc/vmstat").write_text("oom_kill 6\n")  # what the kernel's counter would do
+    os.kill(worker, signal.SIGKILL)
+    server.process.wait(timeout=180)
+    log = server.log_text()
+    (line,) = [line for line in log.splitlines() if "OOM killer acted" in line]
+    assert "oom_kill 5 -> 6" in line and f"pid={worker} after phase" in line
+    recorded = [
+        json.loads(text)
+        for path in ledger_dir.glob("ledger-*.jsonl")
+        for text in path.read_text().splitlines()
+    ]
+    assert any(r["phase"] == "killed by the OOM killer" for r in recorded)

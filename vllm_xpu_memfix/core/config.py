@@ -36,6 +36,8 @@ class Mode(str, Enum):
     OFF = "off"
     # driver_env only: turn the driver's peer access off (compute-runtime #916, #980).
     NO_PEER_ACCESS = "no_peer_access"
+    # preflight only: stop the start-up when the verdict is that it will not fit.
+    REFUSE = "refuse"
 
 
 ON_OFF_AUTO = (Mode.AUTO, Mode.ON, Mode.OFF)
@@ -242,6 +244,18 @@ DRIVER_ENV = Fix(
     "instead, which avoids both the host copy and #916 but costs P2P (oneCCL falls back to "
     "host-staged collectives)",
 )
+PREFLIGHT = Fix(
+    key="preflight",
+    summary="In the process that builds the engine configuration, before any worker starts, "
+    "judges that configuration on this machine with the start-up model (doctor's) and logs "
+    "one line: the verdict, where it runs out, the main cause and the first remedy; after a "
+    "start-up killed by the kernel's OOM killer, says which process, at which phase.",
+    auto_means="the line where Intel GPUs are visible, and 'device not judged' elsewhere; on: "
+    "the same",
+    modes=(*ON_OFF_AUTO, Mode.REFUSE),
+    extra_means="refuse: also stops the start-up with an error when the verdict is 'will run "
+    "out of memory' or 'will fail'",
+)
 FIXES: tuple[Fix, ...] = (
     LEDGER,
     HOST_RELEASE,
@@ -250,6 +264,7 @@ FIXES: tuple[Fix, ...] = (
     DEVICE_QUANT,
     KV_HEADROOM,
     DRIVER_ENV,
+    PREFLIGHT,
 )
 
 _TRUE = ("1", "on", "true", "yes")

@@ -36,6 +36,7 @@ from vllm_xpu_memfix.fixes import (
     kv_headroom,
     ledger,
     load_lock,
+    preflight,
     warmup_lock,
 )
 from vllm_xpu_memfix.vllm_code.overrides import with_platform_overrides
@@ -50,6 +51,7 @@ MODULES: tuple[ModuleType, ...] = (
     host_release,
     kv_headroom,
     ledger,
+    preflight,
 )
 
 

@@ -320,6 +320,11 @@ class ProcReader:
         """``/proc/meminfo`` in bytes per key; empty where it cannot be read."""
         return self._keys("proc", "meminfo")
 
+    def vmstat(self) -> dict[str, int]:
+        """``/proc/vmstat`` (counters, e.g. ``oom_kill``); empty where it cannot be read."""
+        text = self._read("proc", "vmstat")
+        return parse_vmstat(text) if text is not None else {}
+
     def cgroup_memory(self, pid: int | str = "self") -> CgroupMemory:
         """The usage and limit of a process's memory cgroup, v2 or v1."""
         return self._cgroup_memory(ProcessFiles(self, str(pid)))

@@ -130,6 +130,27 @@ def _largest_from_config(config: dict[str, Any]) -> tuple[float, str]:
     return linear, "a linear layer (from config.json)"
 
 
+def params_from_config(config: dict[str, Any]) -> int | None:
+    """A dense model's parameters from config.json's sizes, where no weights can be read:
+    the embedding (and an untied head), then per layer the attention projections and a
+    gated MLP. None for an MoE model or where a size is missing."""
+    text = text_config(config)
+    hidden = _config_int(text, "hidden_size")
+    layers = _config_int(text, "num_hidden_layers")
+    vocab = _config_int(text, "vocab_size")
+    inter = _config_int(text, "intermediate_size")
+    heads = _config_int(text, "num_attention_heads")
+    if not (hidden and layers and vocab and inter and heads) or _config_int(
+        text, "num_experts", "num_local_experts", "n_routed_experts"
+    ):
+        return None
+    head_dim = _config_int(text, "head_dim") or hidden // heads
+    kv_heads = _config_int(text, "num_key_value_heads") or heads
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2)
+    return embeddings + layers * (attention + 3 * hidden * inter)
+
+
 def largest_staged_params(ckpt: Checkpoint) -> tuple[float, str]:
     """Parameters of the largest unit quantized at once: a Linear weight, or one MoE side
     (all experts' gate+up, or all experts' down, of one layer)."""

@@ -22,6 +22,7 @@ from vllm_xpu_memfix.intel import driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, Snapshot
+from vllm_xpu_memfix.startup import host
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 NOT_INSTALLED = "the plugin is not installed on the described machine ([plugin] installed = true)"
@@ -107,7 +108,7 @@ def measurement(described: hostfile.Described, args: ServeArgs) -> facts.Measure
     )
     legacy = _legacy(described)
     ckpt, label = facts.read_model(args)
-    slots = facts.load_slots(settings, args, legacy[0], room, ckpt) if described.plugin else None
+    slots = host.load_slots(settings, args, legacy[0], room, ckpt) if described.plugin else None
     image = described.image
     layouts = described.int4_layouts or (2 if image and image.duplicate_layout else 1)
     layouts_from = (

@@ -7,9 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
-from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.memory import hub_cache
@@ -20,10 +18,10 @@ from vllm_xpu_memfix.memory.checkpoint import (
     checkpoint_from_params,
     read_checkpoint,
 )
-from vllm_xpu_memfix.memory.room import Room, host_room
-from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
-from vllm_xpu_memfix.startup import staging
-from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
+from vllm_xpu_memfix.memory.room import Room
+from vllm_xpu_memfix.memory.snapshot import Snapshot
+from vllm_xpu_memfix.startup import host
+from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs
 
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
@@ -94,7 +92,7 @@ class Measurement:
             swap=float(self.snap.swap_free or 0),
             p2p=self.p2p,
             plugin=self.plugin,
-            kv_headroom=_kv_headroom_on(self),
+            kv_headroom=host.kv_headroom_on(self.settings, self.plugin, self.visible),
             kv_headroom_slack=float(settings.kv_headroom_slack_mib * 2**20)
             if settings
             else Machine.kv_headroom_slack,
@@ -102,25 +100,6 @@ class Measurement:
             legacy_load=self.legacy,
             int4_layouts=self.int4_layouts,
         )
-
-
-def _kv_headroom_on(measured: Measurement) -> bool:
-    settings = measured.settings
-    if not measured.plugin or settings is None or not settings.requested(config.KV_HEADROOM):
-        return False
-    return settings.mode(config.KV_HEADROOM) is config.Mode.ON or bool(measured.visible)
-
-
-def _device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[int | None, str]:
-    if override_gib is not None:
-        return int(override_gib * GiB), "--device-memory-gib"
-    sizes = [g.vram_bytes for g in gpus if g.vram_bytes]
-    if sizes:
-        return min(sizes), "sysfs physical_vram_size_bytes"
-    known = [gib for g in gpus if (gib := catalog.memory_gib(g.device_id)) is not None]
-    if known:
-        return int(min(known) * GiB), "product table (assumed)"
-    return None, "unknown: pass --device-memory-gib"
 
 
 def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
@@ -157,29 +136,6 @@ def installed_int4_layouts() -> tuple[int, str]:
     if recognised.layout is int4_layouts.INLINE_REGISTRATION:
         return 2, f"the installed sym_int4 ({recognised.layout.key}): two layouts"
     return 1, f"the installed sym_int4 ({recognised.why}): one layout"
-
-
-def load_slots(
-    settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, ckpt: Checkpoint | None
-) -> int | None:
-    """How many ranks the load lock lets stage at once; None where it stays off. Sized
-    from the room as the lock sizes it (``staging.slots_for_room``), from the same
-    staging per rank."""
-    if not settings.requested(config.LOAD_LOCK):
-        return None
-    if args.max_parallel_loading_workers:
-        return args.max_parallel_loading_workers
-    if settings.mode(config.LOAD_LOCK) is config.Mode.ON:
-        return settings.load_slots or 1
-    if not holds_shard:
-        return None
-    if settings.load_slots is not None:
-        return settings.load_slots
-    tp = args.tensor_parallel_size
-    shard = ckpt.total_bytes / tp if ckpt else 0.0
-    unit = largest_staged_params(ckpt)[0] / tp if ckpt else 0.0
-    slots = staging.slots_for_room(room, staging.per_rank(unit, shard_bytes=shard), tp).slots
-    return slots if slots < tp else None
 
 
 def _params_dtype(args: ServeArgs) -> str:
@@ -219,24 +175,21 @@ def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
 
 def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:
     """Read every file doctor needs; nothing is loaded or started."""
-    snap = ProcReader(settings.sysroot).take("self", pss=False)
-    room = host_room(settings.sysroot)
-    gpus = driver.intel_gpus(settings.sysroot)
-    visible = driver.visible_gpus(gpus, environ)
-    runtime = driver.compute_runtime(settings.sysroot)
+    read = host.read(settings.sysroot, environ)
     guard = driver_env.decide(settings, environ)
-    used = visible[: args.tensor_parallel_size] if visible else []
-    device_bytes, device_source = _device_bytes(used or gpus, args.device_memory_gib)
+    device_bytes, device_source = host.device_bytes(
+        host.used_gpus(read, args.tensor_parallel_size), args.device_memory_gib
+    )
     legacy = legacy_load(environ)
     layouts = (
         installed_int4_layouts() if (args.quantization or "").lower() == "sym_int4" else (1, "")
     )
     ckpt, model_label = read_model(args)
     return Measurement(
-        snap=snap,
-        gpus=gpus,
-        visible=visible,
-        runtime=runtime,
+        snap=read.snap,
+        gpus=read.gpus,
+        visible=read.visible,
+        runtime=read.runtime,
         level_zero_loader=driver.level_zero_loader(settings.sysroot),
         guard=guard,
         device_bytes=device_bytes,
@@ -244,9 +197,9 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         ckpt=ckpt,
         model_label=model_label,
         legacy=legacy,
-        room=room,
-        load_slots=load_slots(settings, args, legacy[0], room, ckpt),
-        kernel=driver.kernel(settings.sysroot),
+        room=read.room,
+        load_slots=host.load_slots(settings, args, legacy[0], read.room, ckpt),
+        kernel=read.kernel,
         environ=dict(environ),
         plugin=True,
         settings=settings,

@@ -1,0 +1,122 @@
+"""This host as the start-up model reads a machine: the files doctor reads (/proc, the
+cgroup, sysfs, dpkg, the kernel release, all under the sysroot) and the plugin's switches.
+doctor's ``facts.measure`` and the preflight both read the host here; files only, nothing
+is loaded or started."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.intel import catalog, driver
+from vllm_xpu_memfix.memory.checkpoint import Checkpoint
+from vllm_xpu_memfix.memory.room import Room, host_room
+from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
+from vllm_xpu_memfix.startup import staging
+from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the files say about this host and its Intel GPUs."""
+
+    snap: Snapshot
+    room: Room
+    gpus: list[driver.Gpu]
+    visible: list[driver.Gpu]
+    runtime: driver.Runtime | None
+    kernel: driver.Kernel | None
+
+
+def read(sysroot: Path, environ: Mapping[str, str]) -> HostFacts:
+    """Read this host (under ``sysroot``); ``environ`` narrows the visible GPUs."""
+    gpus = driver.intel_gpus(sysroot)
+    return HostFacts(
+        snap=ProcReader(sysroot).take("self", pss=False),
+        room=host_room(sysroot),
+        gpus=gpus,
+        visible=driver.visible_gpus(gpus, environ),
+        runtime=driver.compute_runtime(sysroot),
+        kernel=driver.kernel(sysroot),
+    )
+
+
+def device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[int | None, str]:
+    """The smallest device's memory, and where it was read."""
+    if override_gib is not None:
+        return int(override_gib * GiB), "--device-memory-gib"
+    sizes = [g.vram_bytes for g in gpus if g.vram_bytes]
+    if sizes:
+        return min(sizes), "sysfs physical_vram_size_bytes"
+    known = [gib for g in gpus if (gib := catalog.memory_gib(g.device_id)) is not None]
+    if known:
+        return int(min(known) * GiB), "product table (assumed)"
+    return None, "unknown: pass --device-memory-gib"
+
+
+def kv_headroom_on(settings: Settings | None, plugin: bool, visible: list[driver.Gpu]) -> bool:
+    """Whether kv_headroom takes its reserve: ``on``, or ``auto`` with Intel GPUs visible."""
+    if not plugin or settings is None or not settings.requested(config.KV_HEADROOM):
+        return False
+    return settings.mode(config.KV_HEADROOM) is config.Mode.ON or bool(visible)
+
+
+def load_slots(
+    settings: Settings, args: ServeArgs, holds_shard: bool, room: Room, ckpt: Checkpoint | None
+) -> int | None:
+    """How many ranks the load lock lets stage at once; None where it stays off. Sized
+    from the room as the lock sizes it (``staging.slots_for_room``), from the same
+    staging per rank."""
+    if not settings.requested(config.LOAD_LOCK):
+        return None
+    if args.max_parallel_loading_workers:
+        return args.max_parallel_loading_workers
+    if settings.mode(config.LOAD_LOCK) is config.Mode.ON:
+        return settings.load_slots or 1
+    if not holds_shard:
+        return None
+    if settings.load_slots is not None:
+        return settings.load_slots
+    tp = args.tensor_parallel_size
+    shard = ckpt.total_bytes / tp if ckpt else 0.0
+    unit = largest_staged_params(ckpt)[0] / tp if ckpt else 0.0
+    slots = staging.slots_for_room(room, staging.per_rank(unit, shard_bytes=shard), tp).slots
+    return slots if slots < tp else None
+
+
+def used_gpus(facts: HostFacts, tp: int) -> list[driver.Gpu]:
+    """The GPUs the ranks will take: the first ``tp`` visible ones, else every Intel GPU."""
+    return facts.visible[:tp] or facts.gpus
+
+
+def machine(
+    facts: HostFacts,
+    settings: Settings,
+    args: ServeArgs,
+    environ: Mapping[str, str],
+    ckpt: Checkpoint | None,
+    legacy_load: tuple[bool, str] = (False, ""),
+) -> Machine:
+    """This host, with the plugin installed, as the start-up model reads a machine.
+    ``environ`` is what the serving processes start with (the driver guard's keys in it)."""
+    device, _ = device_bytes(used_gpus(facts, args.tensor_parallel_size), args.device_memory_gib)
+    room = facts.room.bytes
+    return Machine(
+        gpus_visible=len(facts.visible),
+        battlemage_visible=sum(g.is_battlemage for g in facts.visible),
+        device_bytes=float(device) if device else None,
+        runtime=facts.runtime,
+        kernel=facts.kernel,
+        environ=dict(environ),
+        room=float(room or 0),
+        swap=float(facts.snap.swap_free or 0),
+        plugin=True,
+        kv_headroom=kv_headroom_on(settings, True, facts.visible),
+        kv_headroom_slack=float(settings.kv_headroom_slack_mib * 2**20),
+        load_slots=load_slots(settings, args, legacy_load[0], facts.room, ckpt),
+        legacy_load=legacy_load,
+    )
