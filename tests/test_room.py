@@ -17,7 +17,7 @@ from vllm_xpu_memfix.memory.room import host_room
 DATA = Path(__file__).parent / "data" / "proc"
 # MemAvailable of the recorded CPU-VM meminfo, which every tree here carries.
 RECORDED_AVAILABLE = 23_809_352 * 1024
-# The test bed's 0.21 legacy load stages 960 MiB per rank (docs/load-lock.md).
+# The test bed's 0.21 legacy load stages 960 MiB per rank (docs/design/load-lock.md).
 SHARD = 960 * MiB
 
 

@@ -30,7 +30,7 @@ Mechanism
     host_release is off; at the end of ``Worker.load_model`` if
     loading failed. No collective runs between those points: the section is the
     loader's construction, weight reading and per-layer processing of one rank
-    (docs/load-lock.md shows it per vLLM version). A rank that waited
+    (docs/design/load-lock.md shows it per vLLM version). A rank that waited
     ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S`` loads unlocked with a WARNING naming the holder;
     an unusable lock directory (or an entry in it that is not a regular file) gives an
     ERROR and an unlocked load. Any other failure on the plugin's side is logged in one
@@ -50,7 +50,7 @@ Switch
 Upstream
     vLLM: honour ``max_parallel_loading_workers`` in the multiprocessing executor with a
     node-local lock around the same section; llm-scaler: stream the legacy path, or
-    quantize each layer as it completes; see docs/upstream/load-lock.md.
+    quantize each layer as it completes; see docs/design/load-lock.md.
 Remove when
     vLLM honours ``max_parallel_loading_workers`` again (``base_loader`` or the worker
     reads it): docs/upstream/patches/0001 (``limit_parallel_loading`` in ``base_loader``).
@@ -88,7 +88,7 @@ COLLECTIVE_LOAD_FORMATS = ("runai_streamer", "fastsafetensors", "instanttensor")
 ONLINE_QUANTIZATION = "vllm.model_executor.layers.quantization.online"
 # A rank's host peak while it loads, per byte of BF16 it stages: with the lock off, the
 # test bed's TP 2 legacy load peaked 2,891 MiB above process start for two 960 MiB
-# shards, 1.51x (docs/load-lock.md): per-layer quantization temporaries (fp32 upcast,
+# shards, 1.51x (docs/design/load-lock.md): per-layer quantization temporaries (fp32 upcast,
 # int4 and scales), the unquantized layers and allocator slack come on top of the shard.
 PEAK_PER_STAGED_BYTE = 1.5
 # The share of the room the loading ranks may plan to fill. The rest is for what grows
@@ -121,7 +121,7 @@ def collective_in_section(model: Any, vllm_config: Any) -> str | None:
     """Why this load runs a collective between construction and processing, if it does.
 
     The default loader, the generic processing loop and sym_int4 run none (vLLM 0.26 to
-    0.34, docs/load-lock.md); these features do, and a rank queued for a slot would then
+    0.34, docs/design/load-lock.md); these features do, and a rank queued for a slot would then
     hold its peers inside that collective.
     """
     load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", ""))
