@@ -11,7 +11,7 @@ Problem
     avoid RAM OOM when using tensor parallel and large models"), but since the V1 engine
     it only warns that it "will be ignored" (vLLM PR #1395 implemented it for the old Ray
     executor). A host with room for every rank's shard has nothing to save, and
-    serialising there only costs start-up time (+35 % on the test bed).
+    serialising there only costs start-up time (docs/fixes.md, load_lock).
 Mechanism
     Right after the loader builds the model (``initialize_model``, which allocates
     without touching pages), decide whether this rank stages its whole shard
