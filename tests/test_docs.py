@@ -108,6 +108,36 @@ def test_no_relative_link_is_dead(doc):
     assert dead == [], f"{doc.relative_to(ROOT)} links to missing files: {dead}"
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_link_names_a_missing_section(doc):
+    """A link's #section exists in its target (log lines and docs point at sections)."""
+    missing = []
+    for target in _links(doc):
+        path, _, anchor = target.partition("#")
+        page = (doc.parent / path).resolve()
+        if anchor and page.suffix == ".md" and anchor not in anchors(page):
+            missing.append(target)
+    assert missing == [], f"{doc.relative_to(ROOT)} links to missing sections: {missing}"
+
+
+def test_the_anchor_check_follows_github():
+    assert slug("2. The driver guard") == "2-the-driver-guard"
+    assert slug("`doctor`'s assumptions") == "doctors-assumptions"
+    assert slug("Every allocation fails with two GPUs (`UR_RESULT_X` at once)") == (
+        "every-allocation-fails-with-two-gpus-ur_result_x-at-once"
+    )
+
+
 def test_the_link_check_sees_a_dead_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[here](missing.md) [web](https://example.org) [anchor](#top)\n")
