@@ -59,6 +59,13 @@ def engine_config(model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPa
     # installed here (with ``env``) acts.
     monkeypatch.setenv("VLLM_PLUGINS", "none")
     monkeypatch.setenv(config.PREFLIGHT.env, "off")
+    # A test elsewhere in the session that let vLLM load this plugin in-process leaves its
+    # wrapper on this method: start from vLLM's own function, restored after the test.
+    import inspect
+
+    monkeypatch.setattr(
+        EngineArgs, "create_engine_config", inspect.unwrap(EngineArgs.create_engine_config)
+    )
     settings = config.load(env)
     patcher = Patcher()
     for module in (fixes.module_of(config.PREFLIGHT),):

@@ -181,7 +181,7 @@ def _defined_functions(name: str) -> list[str]:
     return [
         str(p.relative_to(PACKAGE))
         for p in _python_sources()
-        for node in ast.walk(ast.parse(p.read_text()))
+        for node in ast.parse(p.read_text()).body  # module-level functions
         if isinstance(node, ast.FunctionDef) and node.name == name
     ]
 

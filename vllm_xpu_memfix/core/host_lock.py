@@ -78,10 +78,7 @@ def scoped_name(name: str, scope: str) -> str:
 
 
 def _refused(path: Path) -> LockDirError:
-    return LockDirError(
-        f"{path} is {what_is(path)}, not a regular file; refusing to use it "
-        "(remove it to let the lock work again)"
-    )
+    return LockDirError(f"{path} is {what_is(path)}, not a regular file: remove it to use the lock")
 
 
 def open_entry(path: Path, flags: int) -> int:

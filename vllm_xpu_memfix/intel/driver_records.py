@@ -74,7 +74,7 @@ def shown(env: Mapping[str, str]) -> str:
     )
 
 
-def xe_peer_oom(oom: driver.XePeerOom) -> list[Finding]:
+def xe_peer_oom_findings(oom: driver.XePeerOom) -> list[Finding]:
     """compute-runtime #916: certain (ERROR) or not ruled out (WARNING), then its remedies."""
     where = f"{oom.intel_gpus} Intel GPUs in one context, compute-runtime {oom.runtime}"
     if oom.certain:
@@ -109,7 +109,7 @@ def host_copy(decision: Decision) -> Finding:
 
 def host_findings(decision: Decision) -> list[Finding]:
     """What holds for the host whatever this process sets, most serious first."""
-    found = xe_peer_oom(decision.xe_peer_oom) if decision.xe_peer_oom else []
+    found = xe_peer_oom_findings(decision.xe_peer_oom) if decision.xe_peer_oom else []
     if decision.host_copy:
         found.append(host_copy(decision))
     found += [

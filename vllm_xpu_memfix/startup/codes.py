@@ -11,6 +11,7 @@ from vllm_xpu_memfix.core.causes import (
     PROCESS_BASELINE,
     QUANT_STAGING,
     SAMPLER_BURST,
+    TP_EXCEEDS_GPUS,
     XE_PEER_CONTEXT_OOM,
 )
 from vllm_xpu_memfix.intel import driver_facts as dfacts
@@ -39,7 +40,6 @@ HOST, DEVICE = "host", "device"
 # --- causes ----------------------------------------------------------------------------
 
 # The names live in core.causes (the fixes' log records give them too); the meanings here.
-TP_EXCEEDS_GPUS = "tp_exceeds_gpus"
 
 CAUSES = {
     DRIVER_HOST_COPY: "compute-runtime >= 26.09 with 2+ Battlemage GPUs in one Level Zero "
