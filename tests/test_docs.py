@@ -114,8 +114,10 @@ def slug(heading: str) -> str:
 
 
 def anchors(path: Path) -> set[str]:
+    """The sections a link can name: headings' slugs and explicit ``<a id="...">`` anchors."""
     text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
-    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+    headings = {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+    return headings | set(re.findall(r'<a id="([^"]+)"></a>', text))
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
