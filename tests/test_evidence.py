@@ -114,17 +114,22 @@ def warmup(path: Path) -> list[float]:
 
 
 def golden(path: Path) -> list[float]:
+    """Per recording (build and group) and over all: cases, identical cases, words, differing."""
     data = json.loads(path.read_text())
-    cases = data["cases"].values()
     probe = data["near_tie_probe_g128_vs_reference"].values()
-    return [
-        len(data["cases"]),
-        data["identical_cases"],
-        sum(c["words"] for c in cases),
-        sum(c["words_differ"] + c["scales_differ"] for c in cases),
-        *(p["words"] for p in probe),
-        *(p["words_differ"] for p in probe),
-    ]
+    backed: list[float] = [*(p["words"] for p in probe), *(p["words_differ"] for p in probe)]
+    totals = [0, 0, 0, 0]
+    for recording in data["recordings"].values():
+        cases = recording["cases"].values()
+        figures = [
+            len(cases),
+            recording["identical_cases"],
+            sum(c["words"] for c in cases),
+            sum(c["words_differ"] + c["scales_differ"] for c in cases),
+        ]
+        backed += [*figures, recording["group_size"]]
+        totals = [t + f for t, f in zip(totals, figures)]
+    return [*backed, *totals, len(data["recordings"])]
 
 
 def q4_0(path: Path) -> list[float]:
