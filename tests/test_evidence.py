@@ -128,7 +128,7 @@ def golden(path: Path) -> list[float]:
             sum(c["words_differ"] + c["scales_differ"] for c in cases),
         ]
         backed += [*figures, recording["group_size"]]
-        totals = [t + f for t, f in zip(totals, figures)]
+        totals = [t + f for t, f in zip(totals, figures, strict=True)]
     return [*backed, *totals, len(data["recordings"])]
 
 
