@@ -1,5 +1,5 @@
-"""Markdown tables from the H200 runs recorded in docs/data/ (used in docs/kv-headroom.md
-and docs/device-quant.md).
+"""Markdown tables from the H200 runs recorded in docs/data/ (used in docs/design/kv-headroom.md
+and docs/design/device-quant.md).
 
     python benchmarks/device_tables.py docs/data/kv-headroom-h200.json docs/data/q4_0-h200.json
 """

@@ -319,7 +319,9 @@ def test_docs_give_every_image_row_with_its_load_layouts_and_runtime():
 
     text = (Path(__file__).parent.parent / "docs" / "doctor.md").read_text()
     rows = {}
-    for line in text.split("### llm-scaler images doctor knows", 1)[1].splitlines()[4:]:
+    section = text.split("### llm-scaler images doctor knows", 1)[1].splitlines()
+    table = next(i for i, line in enumerate(section) if line.startswith("| image tag"))
+    for line in section[table + 2 :]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]

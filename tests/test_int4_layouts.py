@@ -5,7 +5,7 @@ that leaves every layer exactly as the module's host path does.
 
 The "device" is the CPU here (``check_device`` is pointed at it, where the plugin's kernel
 API runs the Q4_0 torch reference); the Triton kernel itself is checked bit for bit against
-the reference on the H200 (docs/device-quant.md). The one XPU-only call of the 0.21 wiring,
+the reference on the H200 (docs/design/device-quant.md). The one XPU-only call of the 0.21 wiring,
 vllm-xpu-kernels' ``transpose_onednn_woq_format``, is the replay's stand-in of that name.
 """
 

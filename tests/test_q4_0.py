@@ -1,6 +1,6 @@
 """The Q4_0 reference against an element-by-element GGML transliteration, its edge
 cases, and the public API's dispatch. The Triton kernel's bit-exactness against
-this reference is measured on a GPU by benchmarks/q4_0_device.py (docs/device-quant.md)."""
+this reference is measured on a GPU by benchmarks/q4_0_device.py (docs/design/device-quant.md)."""
 
 from __future__ import annotations
 

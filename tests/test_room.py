@@ -18,7 +18,7 @@ DATA = Path(__file__).parent / "data" / "proc"
 # MemAvailable of the recorded CPU-VM meminfo, which every tree here carries.
 RECORDED_AVAILABLE = 23_809_352 * 1024
 # A rank's staging, as the load lock plans it for the test bed's 0.21 legacy load: the
-# 960 MiB shard and its converted and other weights (docs/load-lock.md), about 1.5x.
+# 960 MiB shard and its converted and other weights (docs/design/load-lock.md), about 1.5x.
 SHARD = 1440 * MiB
 
 

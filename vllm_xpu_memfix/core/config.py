@@ -152,7 +152,7 @@ def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
         f"{kind}_slots",
         AUTO_SLOTS,
         f"{SLOTS.accepted}, or {AUTO_SLOTS}",
-        f"{doc} auto: as many as the host's room holds ranks' staging (docs/load-lock.md), "
+        f"{doc} auto: as many as the host's room holds ranks' staging (docs/design/load-lock.md), "
         "1 with load_lock=on.",
         _slots_or_auto,
         bounds=SLOTS,
@@ -218,8 +218,8 @@ DEVICE_QUANT = Fix(
 KV_HEADROOM = Fix(
     key="kv_headroom",
     summary="Takes the gathered-logits buffer of the post-KV sampler warm-up plus a slack "
-    "out of the KV cache budget, so that warm-up cannot run the device out of memory; on a "
-    "device OOM there, logs the --kv-cache-memory-bytes that would have fitted.",
+    "for memory outside torch out of the KV cache budget; on a device OOM in that warm-up, "
+    "logs the --kv-cache-memory-bytes that would have fitted.",
     auto_means="the reserve on the XPU platform, off elsewhere; the OOM hint everywhere",
 )
 LOAD_LOCK = Fix(

@@ -47,7 +47,7 @@ Switch
 Upstream
     llm-scaler: call a device Q4_0 kernel from ``_quantize_linear_int4_inplace``
     and make it the default once it matches the C library; see
-    docs/upstream/device-quant.md.
+    docs/design/device-quant.md.
 Remove when
     ``sym_int4`` ships a portable device quantizer of its own (it mentions ``triton``).
 """

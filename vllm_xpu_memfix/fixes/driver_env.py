@@ -5,25 +5,14 @@ Problem
     d793c96442), with two or more Battlemage GPUs in one Level Zero context, every
     device allocation made resident on a peer is backed there by an equal-size block
     of host memory that is committed and pinned. RSS does not show it and swap cannot
-    take it. What each public figure measured, and with what:
-    compute-runtime #953 (2x B70, 26.22): ~17.7 GiB of host pinned per rank for ~18.5 GiB
-    of VRAM; downgrading to 26.05 alone took the pinned memory from 25.9 to 0.67 GiB, and
-    the reporter confirmed that ``NEOReadDebugKeys=1 EnableDeferBacking=0`` resolves it;
-    compute-runtime #980 (2x B60, 26.31, kernel 7.0): 4 GiB allocated on one card cost
-    +4.2 GiB of ``drm-total-gtt`` on its peer and 4.2 GiB of ``MemFree``, and
-    ``ForceZeDeviceCanAccessPerReturnValue=0`` removed it;
-    a community note on 4x B70 (2026-10-04, no thread): the host memory held fell from
-    12.6 to 0.3 GiB with ``EnableDeferBacking=0`` while the peer imports stayed (only
-    their pinning goes);
-    compute-runtime #968's 55.12 -> 1.55 GiB (``nr_gpu_active`` peak, 2x B70) came from
-    an ``LD_PRELOAD`` shim that skips peer residency altogether, not from any key this
-    guard sets. 4 x 0.92 x 31.89 GiB = 117 GiB is arithmetic for llm-scaler #703's
-    ">120 GB spike", not a measurement; no Intel GPU here has measured this guard.
+    take it. Reported in compute-runtime #953, #980 and #968 and a community note on
+    4x B70; what each measured, on which stack and with which key, is in docs/fixes.md
+    (driver_env). No Intel GPU here has measured this guard.
     A second failure with the same GPUs (compute-runtime #916): with 2+ Intel GPUs
     (any, A770 included) in one context, compute-runtime from 25.44 to before 26.22.38646.4 and a
     kernel before 7.1, every device allocation fails with UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
-    Intel's workaround there is ``ForceZeDeviceCanAccessPerReturnValue=0``; no report
-    shows ``EnableDeferBacking=0`` helping.
+    Intel's workaround there is ``ForceZeDeviceCanAccessPerReturnValue=0``; whether
+    ``EnableDeferBacking=0`` helps is not established.
     Intel says two things: its vLLM engineer recommends ``NEOReadDebugKeys=1
     EnableDeferBacking=0`` until the driver is fixed (vllm #50269); compute-runtime's
     maintainer calls debug keys debug-only and names compute-runtime 26.05 as the

@@ -6,18 +6,21 @@ Problem
     ``B = min(max_num_seqs, max_num_batched_tokens)`` requests: the lm_head,
     the logits ``all_gather`` (B x padded vocab x dtype) and the sampler,
     whose PyTorch fallback sorts the whole vocabulary. In llm-scaler #703 (4 x
-    B70, TP 4, vocab 248,320, B 256) every rank died there: "XPU out of memory.
+    B70, TP 4, vocab 248,320, B 256) a worker died there: "XPU out of memory.
     Tried to allocate 122.00 MiB", the gathered fp16 logits, while torch still
     reported 2.56 GiB free. The user's way out, utilisation 0.92 -> 0.85, gave
-    up 2.2 GiB of KV cache per GPU.
+    up 2.2 GiB of KV cache per GPU. What failed is not established: Intel's
+    engineer got past the warm-up with the same image and arguments, and the
+    host side of the allocation (the driver's pinned host copy on a host that
+    had just run out of RAM) is the likelier cause (docs/fixes.md).
 Mechanism
     ``profile_run`` already runs the same sampler pass with the same B, so its
     torch peak is part of the transient memory vLLM keeps out of the KV cache;
-    re-reserving the whole burst (up to 1.4 GiB per rank for #703) would count
-    it twice. What the profile cannot see is memory outside torch's allocator
-    that appears after it (Level Zero modules of the kernel warm-up, oneCCL's
-    buffers), which XPU's free-memory figure misses (pytorch #161381, vLLM
-    #47134): #703's OOM with 2.56 GiB reported free is that. So after
+    re-reserving the whole burst (0.84 GiB per rank for #703 on the Triton
+    path, 2.26 GiB on the sort path) would count it twice. What the profile
+    cannot see is memory outside torch's allocator that appears after it
+    (Level Zero modules of the kernel warm-up, oneCCL's buffers), which XPU's
+    free-memory figure misses (pytorch #161381, vLLM #47134). So after
     ``determine_available_memory`` the fix subtracts a reserve of the burst's
     one large block that has to be new, contiguous memory, the gathered logits
     (``memory.estimate``), plus ``VLLM_XPU_MEMFIX_KV_HEADROOM_SLACK_MIB`` for
@@ -41,7 +44,7 @@ Switch
 Upstream
     Fold the post-KV burst into ``determine_available_memory`` (or run the
     sampler warm-up before the KV cache is allocated); see
-    docs/upstream/kv-headroom.md.
+    docs/design/kv-headroom.md.
 Remove when
     ``gpu_worker`` accounts for the post-KV sampler burst before sizing the KV
     cache (it mentions ``sampler_headroom``, the name docs/upstream/patches/0003

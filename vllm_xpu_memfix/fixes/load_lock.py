@@ -11,7 +11,7 @@ Problem
     avoid RAM OOM when using tensor parallel and large models"), but since the V1 engine
     it only warns that it "will be ignored" (vLLM PR #1395 implemented it for the old Ray
     executor). A host with room for every rank's shard has nothing to save, and
-    serialising there only costs start-up time (+35 % on the test bed).
+    serialising there only costs start-up time (docs/fixes.md, load_lock).
 Mechanism
     Right after the loader builds the model (``initialize_model``, which allocates
     without touching pages), decide whether this rank stages its whole shard
@@ -30,7 +30,7 @@ Mechanism
     host_release is off; at the end of ``Worker.load_model`` if
     loading failed. No collective runs between those points: the section is the
     loader's construction, weight reading and per-layer processing of one rank
-    (docs/load-lock.md shows it per vLLM version). A rank that waited
+    (docs/design/load-lock.md shows it per vLLM version). A rank that waited
     ``VLLM_XPU_MEMFIX_LOAD_TIMEOUT_S`` loads unlocked with a WARNING naming the holder;
     an unusable lock directory (or an entry in it that is not a regular file) gives an
     ERROR and an unlocked load. Any other failure on the plugin's side is logged in one
@@ -50,7 +50,7 @@ Switch
 Upstream
     vLLM: honour ``max_parallel_loading_workers`` in the multiprocessing executor with a
     node-local lock around the same section; llm-scaler: stream the legacy path, or
-    quantize each layer as it completes; see docs/upstream/load-lock.md.
+    quantize each layer as it completes; see docs/design/load-lock.md.
 Remove when
     vLLM honours ``max_parallel_loading_workers`` again (``base_loader`` or the worker
     reads it): docs/upstream/patches/0001 (``limit_parallel_loading`` in ``base_loader``).
@@ -126,7 +126,7 @@ def collective_in_section(model: Any, vllm_config: Any) -> str | None:
     """Why this load runs a collective between construction and processing, if it does.
 
     The default loader, the generic processing loop and sym_int4 run none (vLLM 0.26 to
-    0.34, docs/load-lock.md); these features do, and a rank queued for a slot would then
+    0.34, docs/design/load-lock.md); these features do, and a rank queued for a slot would then
     hold its peers inside that collective.
     """
     load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", ""))

@@ -37,7 +37,7 @@ Switch
     ``_WARMUP_TIMEOUT_S``, ``_WARMUP_SCOPE`` (host | instance), ``_LOCK_DIR``.
 Upstream
     A small change to ``kernel_warmup``: hold a node-local lock around the
-    process-local JIT section; see docs/upstream/warmup-lock.md.
+    process-local JIT section; see docs/design/warmup-lock.md.
 Remove when
     ``kernel_warmup`` takes a node-local file lock itself (it mentions ``FileLock``,
     ``flock``, or ``take_warmup_turn`` as in docs/upstream/patches/0004).
@@ -106,7 +106,7 @@ def _take_slot(name: str, settings: Settings) -> tuple[HostSemaphore, Holding] |
     try:
         own_cache = per_rank_triton_cache(os.environ)
         if own_cache and settings.mode(FIX) is Mode.AUTO:
-            # Measured on an H200 (docs/warmup-lock.md): with per-rank caches every rank
+            # Measured on an H200 (docs/fixes.md, warmup_lock): with per-rank caches every rank
             # compiles anyway and keeps what it compiled, so waiting saves no memory.
             logger.info(
                 "vllm-xpu-memfix: warm-up lock not used for %s: this rank compiles into its own "

@@ -24,7 +24,7 @@ from vllm_xpu_memfix.kernels.q4_0_reference import (
     padded_k,
 )
 
-# Tile sizes chosen on the H200 (docs/device-quant.md): rows x groups per program. A
+# Tile sizes chosen on the H200 (docs/data/q4_0-h200.json): rows x groups per program. A
 # variant looping over groups with pipelined loads was slower in every configuration.
 BLOCK_N = 8
 GROUPS = 2

@@ -14,7 +14,7 @@ the one part not in vLLM's code; XPU's SYCL sort is assumed to need no more.
 One constant is fitted rather than read: a block that reuses a cached block is
 not split when less than 1 MiB would remain, so it can count up to 1 MiB more
 than asked. Counting the full 1 MiB per block doubled small bursts; the H200 data
-(docs/kv-headroom.md) is covered by ``ALLOCATOR_SLACK`` of each block above 1 MiB,
+(docs/design/kv-headroom.md) is covered by ``ALLOCATOR_SLACK`` of each block above 1 MiB,
 at most 1 MiB.
 """
 
