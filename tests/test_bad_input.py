@@ -17,7 +17,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -25,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
+from helpers.odd_files import fifo, within
 from helpers.warm_ups import one_warm_up
 from hosts import B70, build_host
 from hypothesis import HealthCheck, assume, given, settings
@@ -216,25 +216,6 @@ def loud(records: list[logging.LogRecord]) -> list[str]:
     return [r.getMessage() for r in records if r.levelno >= logging.WARNING]
 
 
-def within(seconds: float, call: Callable[[], Any]) -> Any:
-    """``call()``, failing the test instead of hanging when it outlasts ``seconds``."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s: a hang"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 @pytest.fixture
 def lock_dir(tmp_path: Path) -> Path:
     path = tmp_path / "locks"
@@ -260,7 +241,7 @@ ODD_ENTRIES: list[tuple[str, Callable[[Path, Path], None], str]] = [
     ("symlink-outside", lambda p, o: p.symlink_to(o / "target"), "is a symlink (to "),
     ("dangling-symlink", lambda p, o: p.symlink_to(o / "new"), "is a symlink (to "),
     ("symlink-dev-zero", lambda p, o: p.symlink_to("/dev/zero"), "is a symlink (to /dev/zero)"),
-    ("fifo", lambda p, o: os.mkfifo(p), "is a FIFO"),
+    ("fifo", lambda p, o: fifo(p), "is a FIFO"),
     ("directory", lambda p, o: p.mkdir(), "is a directory"),
 ]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.odd_files import fifo
 from hosts import B70, build_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -215,8 +216,8 @@ def test_a_file_name_with_a_newline_still_gives_one_line(tmp_path):
 def test_a_fifo_is_never_opened(tmp_path):
     """A named pipe as a shard or as config.json would block a read forever."""
     model = model_dir(tmp_path, safetensors_bytes())
-    os.mkfifo(model / "config.json")
-    os.mkfifo(model / "extra.safetensors")
+    fifo(model / "config.json")
+    fifo(model / "extra.safetensors")
     got = report(doctor(str(model), "--json"))
     assert got["model"]["checkpoint_bytes"] == TOTAL
     assert "refused config.json: not a regular file" in got["notes"]

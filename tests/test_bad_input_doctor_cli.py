@@ -18,13 +18,11 @@ import json
 import os
 import re
 import stat
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers.odd_files import fifo, within
 from hosts import B70, build_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -75,31 +73,7 @@ def refused(code: int, stdout: str, stderr: str) -> str:
     return lines[0]
 
 
-def within(seconds: float, call: Callable[[], Any]) -> Any:
-    """``call()``, failing the test instead of hanging when it outlasts ``seconds``."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s: a hang"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 # --- --host FILE: regular files only, up to a cap ----------------------------------------------
-
-
-def _fifo(path: Path) -> Path:
-    os.mkfifo(path)
-    return path
 
 
 def _huge(path: Path) -> Path:
@@ -112,7 +86,7 @@ def _huge(path: Path) -> Path:
     ("make", "says"),
     [
         (lambda d: Path("/dev/zero"), "a character device, not a regular file"),
-        (_fifo, "a FIFO, not a regular file"),
+        (fifo, "a FIFO, not a regular file"),
         (_huge, "4,096 MiB: too large (at most 1 MiB)"),
         (lambda d: d.mkdir() or d, "a directory, not a regular file"),
     ],
@@ -129,9 +103,9 @@ def test_a_host_file_that_is_not_a_small_regular_file_is_one_line_within_a_secon
 
 
 def test_plot_and_doctor_refuse_the_same_files_with_the_same_words(tmp_path):
-    fifo = _fifo(tmp_path / "x")
-    assert refused(*within(10, lambda: run("plot", str(fifo)))) == (
-        f"plot: {fifo}: a FIFO, not a regular file"
+    pipe = fifo(tmp_path / "x")
+    assert refused(*within(10, lambda: run("plot", str(pipe)))) == (
+        f"plot: {pipe}: a FIFO, not a regular file"
     )
 
 
@@ -185,7 +159,7 @@ def test_write_host_never_writes_through_a_symlink(tmp_path, force):
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_write_host_refuses_a_fifo_or_a_device_at_once(tmp_path, kind):
-    path = _fifo(tmp_path / "f") if kind == "fifo" else Path("/dev/null")
+    path = fifo(tmp_path / "f") if kind == "fifo" else Path("/dev/null")
     line = refused(
         *within(10, lambda: run("doctor", "--params", "8B", "--write-host", str(path), "--force"))
     )

@@ -13,13 +13,12 @@ import logging
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers.odd_files import fifo, within
 from hosts import B70, build_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,25 +35,6 @@ CARD = "sys/class/drm/card1/device"
 FEW = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-def within(seconds: float, call: Callable[[], Any]) -> Any:
-    """``call()``, failing the test instead of hanging when it outlasts ``seconds``."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s: a hang"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 class _Lines(logging.Handler):
@@ -188,8 +168,7 @@ HOST_FILES = [
 @pytest.mark.parametrize("name", HOST_FILES)
 def test_a_fifo_in_place_of_a_host_file_never_blocks(tmp_path, name):
     root = build_host(tmp_path, [B70, B70])
-    (root / name).unlink()
-    os.mkfifo(root / name)  # nobody ever writes it: a blocking open or read never returns
+    fifo(root / name)  # nobody ever writes it: a blocking open or read never returns
     settings_ = config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(root)})
     within(10, lambda: driver_env.decide(settings_, {}))
     within(10, lambda: host_room(root))
@@ -224,8 +203,7 @@ def test_register_with_a_fifo_and_junk_in_the_tree_starts(tmp_path):
     root = build_host(tmp_path, [B70, B70], runtime="1.3.0")
     (root / "sys/class/drm/card2/device/vendor").write_text("junk\n")
     (root / CARD / "tile0/physical_vram_size_bytes").write_text("lots\n")
-    os.unlink(root / "proc/sys/kernel/osrelease")
-    os.mkfifo(root / "proc/sys/kernel/osrelease")
+    fifo(root / "proc/sys/kernel/osrelease")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_MEMFIX")},
         "VLLM_XPU_MEMFIX_SYSROOT": str(root),

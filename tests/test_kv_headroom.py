@@ -11,14 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import wrapt
 
+import vllm_xpu_memfix
+from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.log import LIMIT
-from vllm_xpu_memfix.core.patching import Patcher
+from vllm_xpu_memfix.core.patching import Patcher, State
 from vllm_xpu_memfix.fixes import kv_headroom
 from vllm_xpu_memfix.memory.estimate import (
     BurstShape,
@@ -31,6 +35,7 @@ MiB = 1024**2
 GiB = 1024**3
 VOCAB_703 = 248320
 DOCS_DATA = Path(__file__).parent.parent / "docs" / "data"
+PREFLIGHT_TARGET = "vllm.engine.arg_utils:EngineArgs.create_engine_config"
 # The failure of llm-scaler #703, worker TP1, as logged.
 OOM_703 = (
     "XPU out of memory. Tried to allocate 122.00 MiB. GPU 1 has a total capacity of 31.89 GiB "
@@ -181,10 +186,15 @@ def vllm_config_703(tmp_path_factory):
             }
         )
     )
-    args = EngineArgs(
-        model=str(directory), skip_tokenizer_init=True, max_num_seqs=256, dtype="float16"
-    )
-    return args.create_engine_config()
+    # EngineArgs loads vLLM's general plugins (in __post_init__): keep this plugin's
+    # register() out, or every fix stays patched for the rest of the pytest session
+    # (test_the_module_leaves_vllm_as_it_found_it).
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_PLUGINS", "none")
+        args = EngineArgs(
+            model=str(directory), skip_tokenizer_init=True, max_num_seqs=256, dtype="float16"
+        )
+        return args.create_engine_config()
 
 
 STUB_BYTES = 20 * GiB
@@ -395,3 +405,34 @@ def test_real_server_sizes_its_kv_cache_after_the_reserve(serve, tiny_model):
     assert (before - after) * 1024 == pytest.approx(reserve_mib, abs=11)
     tokens = int(re.search(r"KV cache size: ([\d,]+) tokens", log).group(1).replace(",", ""))
     assert after * GiB - 0.01 * GiB <= tokens * 512 <= after * GiB + 0.01 * GiB
+
+
+# --- what this module leaves behind -------------------------------------------------------
+
+
+def _wrapped_fix_targets() -> list[str]:
+    """Every fix's target, in a module imported in this process, that a wrapper sits on
+    (on the class or module the target names, where the Patcher places it)."""
+    wrapped = []
+    for patch in fixes.all_patches():
+        parent = sys.modules.get(patch.module)
+        *path, attribute = patch.attr_path.split(".")
+        for name in path:
+            parent = getattr(parent, name, None)
+        if parent is not None and isinstance(vars(parent).get(attribute), wrapt.FunctionWrapper):
+            wrapped.append(patch.target)
+    return wrapped
+
+
+def test_the_module_leaves_vllm_as_it_found_it(vllm_config_703):
+    """Building the module's config runs vLLM's ``load_general_plugins`` in this process.
+    Had that let this plugin's ``register()`` in, every fix would stay patched for the
+    rest of the pytest session (test_preflight once saw its wrapper twice). Last in the
+    module, after the worker tests have reverted their own patches: no patch of this
+    plugin is applied and every fix target vLLM has imported is vLLM's own."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert [k for k, (s, _) in vllm_xpu_memfix.PATCHER.states().items() if s is State.APPLIED] == []
+    assert PREFLIGHT_TARGET in {p.target for p in fixes.all_patches()}
+    assert not isinstance(vars(EngineArgs)["create_engine_config"], wrapt.FunctionWrapper)
+    assert _wrapped_fix_targets() == []

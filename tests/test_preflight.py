@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,39 @@ def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
         )
     )
     return host, model
+
+
+def test_doctor_and_the_preflight_build_the_same_machine_from_the_same_host(tmp_path, clean_env):
+    """One mapping (``startup.host.machine``): doctor's facts and the preflight's, read
+    from one host tree with the same switches, give equal machines. The preflight sees the
+    guard's keys in its own environment (the guard ran before it in that process); doctor
+    adds the guard's decision itself. Only the legacy load's reason differs: doctor reads
+    the installed sym_int4 for it, the preflight takes the per-layer load without one."""
+    from vllm_xpu_memfix.cli.doctor import facts
+    from vllm_xpu_memfix.fixes import driver_env
+    from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
+    from vllm_xpu_memfix.startup.sizing import ServeArgs
+
+    host = build_host(tmp_path / "host", [B70] * 2, mem_available_gib=90, vram_gib=24)
+    model = qwen_27b_like(tmp_path / "model")
+    env = {
+        "VLLM_XPU_MEMFIX_SYSROOT": str(host),
+        config.LOAD_LOCK.env: "on",
+        config.KV_HEADROOM.env: "on",
+    }
+    settings = config.load(env)
+    args = ServeArgs(model=str(model), tensor_parallel_size=2)
+    doctor = facts.measure(settings, args, env).machine()
+    guarded = dict(env)
+    driver_env.apply(driver_env.decide(settings, env), guarded)
+    _, ours = preflight.this_machine(settings, args, read_checkpoint(model), guarded)
+    assert doctor.legacy_load[0] is ours.legacy_load[0] is False
+    assert ours == replace(doctor, legacy_load=ours.legacy_load)
+    # Not an empty machine: every field the mapping fills is read from the tree.
+    assert (ours.gpus_visible, ours.battlemage_visible, ours.device_bytes) == (2, 2, 24 * 2**30)
+    assert ours.room == 90 * 2**30 and ours.kv_headroom and ours.load_slots == 1
+    assert ours.runtime is not None and ours.kernel is not None
+    assert set(driver_env.decide(settings, env).env) <= set(ours.environ)
 
 
 def test_refuse_stops_a_27b_bf16_start_on_one_b70_before_loading_and_names_the_device(

@@ -161,14 +161,28 @@ def _host_cause(outcome: Any) -> str:
     return max(host, key=lambda c: c.gib).code if host else outcome.main_cause
 
 
+def this_machine(
+    settings: Settings, args: Any, ckpt: Any, environ: Mapping[str, str]
+) -> tuple[Any, Any]:
+    """This host's facts and, from them, the machine the start-up model judges (built as
+    doctor builds it: ``startup.host.machine``). ``environ`` already holds the guard's keys."""
+    from vllm_xpu_memfix.startup import host
+
+    facts = host.read(settings.sysroot, environ)
+    tp = args.tensor_parallel_size
+    device, _ = host.device_bytes(host.used_gpus(facts, tp), args.device_memory_gib)
+    slots = host.load_slots(settings, args, False, facts.room, ckpt)
+    machine = host.machine(facts, settings, environ, device_bytes=device, load_slots=slots)
+    return facts, machine
+
+
 def judge(vllm_config: Any, settings: Settings, environ: Mapping[str, str]) -> tuple[str, Any]:
     """The preflight line and the outcome, for ``vllm_config`` on this host."""
-    from vllm_xpu_memfix.startup import codes, host, phases, remedies, sizing
+    from vllm_xpu_memfix.startup import codes, phases, remedies, sizing
 
     args = serve_args(vllm_config)
     ckpt, source = checkpoint(vllm_config)
-    facts = host.read(settings.sysroot, environ)
-    machine = host.machine(facts, settings, args, environ, ckpt)
+    facts, machine = this_machine(settings, args, ckpt, environ)
     outcome = phases.run(sizing.inputs_for(machine, args, ckpt))
     judged = remedies.remedies(outcome, remedies.Context(room=facts.room))
     device = _device_words(facts, args.tensor_parallel_size)

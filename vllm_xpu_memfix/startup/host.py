@@ -1,7 +1,8 @@
 """This host as the start-up model reads a machine: the files doctor reads (/proc, the
 cgroup, sysfs, dpkg, the kernel release, all under the sysroot) and the plugin's switches.
-doctor's ``facts.measure`` and the preflight both read the host here; files only, nothing
-is loaded or started."""
+doctor's ``facts.measure`` and the preflight both read the host here, and both turn what
+was read into the start-up model's machine with :func:`machine`; files only, nothing is
+loaded or started."""
 
 from __future__ import annotations
 
@@ -95,28 +96,40 @@ def used_gpus(facts: HostFacts, tp: int) -> list[driver.Gpu]:
 
 def machine(
     facts: HostFacts,
-    settings: Settings,
-    args: ServeArgs,
+    settings: Settings | None,
     environ: Mapping[str, str],
-    ckpt: Checkpoint | None,
+    *,
+    device_bytes: int | None,
+    load_slots: int | None,
     legacy_load: tuple[bool, str] = (False, ""),
+    plugin: bool = True,
+    described: bool = False,
+    p2p: bool | None = None,
+    int4_layouts: int = 1,
 ) -> Machine:
-    """This host, with the plugin installed, as the start-up model reads a machine.
-    ``environ`` is what the serving processes start with (the driver guard's keys in it)."""
-    device, _ = device_bytes(used_gpus(facts, args.tensor_parallel_size), args.device_memory_gib)
+    """What was read, as the start-up model reads a machine: the one mapping that doctor
+    (this host or a described one, ``facts.Measurement.machine``) and the preflight (this
+    host) both use. ``environ`` is what the serving processes start with, the driver
+    guard's keys in it; ``device_bytes`` and ``load_slots`` as sized by
+    :func:`device_bytes` and :func:`load_slots`. A room a ``described`` machine does not
+    give stays unknown (None); this host's unreadable room counts as none (0)."""
     room = facts.room.bytes
     return Machine(
         gpus_visible=len(facts.visible),
         battlemage_visible=sum(g.is_battlemage for g in facts.visible),
-        device_bytes=float(device) if device else None,
+        device_bytes=float(device_bytes) if device_bytes else None,
         runtime=facts.runtime,
         kernel=facts.kernel,
         environ=dict(environ),
-        room=float(room or 0),
+        room=None if room is None and described else float(room or 0),
         swap=float(facts.snap.swap_free or 0),
-        plugin=True,
-        kv_headroom=kv_headroom_on(settings, True, facts.visible),
-        kv_headroom_slack=float(settings.kv_headroom_slack_mib * 2**20),
-        load_slots=load_slots(settings, args, legacy_load[0], facts.room, ckpt),
+        p2p=p2p,
+        plugin=plugin,
+        kv_headroom=kv_headroom_on(settings, plugin, facts.visible),
+        kv_headroom_slack=float(settings.kv_headroom_slack_mib * 2**20)
+        if settings
+        else Machine.kv_headroom_slack,
+        load_slots=load_slots,
         legacy_load=legacy_load,
+        int4_layouts=int4_layouts,
     )

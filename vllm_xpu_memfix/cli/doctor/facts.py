@@ -76,28 +76,29 @@ class Measurement:
         driver_env.apply(self.guard, env)
         return env
 
-    def machine(self) -> Machine:
-        """This measurement as the start-up model reads a machine."""
-        room = self.room.bytes
-        unknown_room = room is None and self.described is not None
-        settings = self.settings
-        return Machine(
-            gpus_visible=len(self.visible),
-            battlemage_visible=self.visible_battlemage,
-            device_bytes=float(self.device_bytes) if self.device_bytes else None,
+    def host_facts(self) -> host.HostFacts:
+        """The host part of these facts, as ``startup.host`` reads this host."""
+        return host.HostFacts(
+            snap=self.snap,
+            room=self.room,
+            gpus=self.gpus,
+            visible=self.visible,
             runtime=self.runtime,
             kernel=self.kernel,
-            environ=self.effective_env(),
-            room=None if unknown_room else float(room or 0),
-            swap=float(self.snap.swap_free or 0),
-            p2p=self.p2p,
-            plugin=self.plugin,
-            kv_headroom=host.kv_headroom_on(self.settings, self.plugin, self.visible),
-            kv_headroom_slack=float(settings.kv_headroom_slack_mib * 2**20)
-            if settings
-            else Machine.kv_headroom_slack,
+        )
+
+    def machine(self) -> Machine:
+        """This measurement as the start-up model reads a machine (``host.machine``)."""
+        return host.machine(
+            self.host_facts(),
+            self.settings,
+            self.effective_env(),
+            device_bytes=self.device_bytes,
             load_slots=self.load_slots,
             legacy_load=self.legacy,
+            plugin=self.plugin,
+            described=self.described is not None,
+            p2p=self.p2p,
             int4_layouts=self.int4_layouts,
         )
 
