@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import fcntl
 import io
+import itertools
 import json
 import logging
 import os
@@ -887,9 +888,11 @@ def test_check_reports_an_unreadable_target_module_in_one_line(content, reason, 
     module = source_tree(tmp_path / "src", content)
     result = cli("check", "--source", str(tmp_path / "src"), cwd=tmp_path)
     assert (result.returncode, result.stderr) == (0, "")
-    lines = [line for line in result.stdout.splitlines() if line.startswith("unreadable: ")]
-    assert len(lines) == 1
-    assert lines[0].startswith(f"unreadable: {module}: ") and reason in lines[0]
+    rows = result.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(rows) if line.startswith("unreadable: ")]
+    more = itertools.takewhile(lambda row: row.startswith("    "), rows[at + 1 :])
+    line = " ".join([rows[at], *(row.strip() for row in more)])  # wrapped at 160
+    assert line.startswith(f"unreadable: {module}: ") and reason in line
     assert result.stdout.count("unreadable (see below)") == 4  # 3 warm-ups, 1 removal rule
 
 

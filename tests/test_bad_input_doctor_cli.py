@@ -202,7 +202,7 @@ def test_the_text_report_escapes_what_a_file_or_the_environment_holds(tmp_path):
     assert not any(line.startswith("Verdict: FORGED") for line in out.splitlines())
     assert "ZE_AFFINITY_MASK=0,1\\r\\nVerdict: FORGED\\x1b[2J\\x07\\u202e" in out
     assert max(len(line) for line in out.splitlines()) < 2_000, "100 KB strings are cut"
-    assert "… (100,011 chars)" in out
+    assert "… (100,011 chars)" in " ".join(out.split())  # the cut value's mark, maybe wrapped
     code, out, _ = run("doctor", "--host", str(path), "--params", "8B", "--json")
     assert json.loads(out)["environment"]["ZE_AFFINITY_MASK"] == forged, "JSON as it is"
 

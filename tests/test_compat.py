@@ -1,6 +1,7 @@
 """Static target scan on the installed vLLM and on synthetic source trees."""
 
 import functools
+import itertools
 from pathlib import Path
 
 import pytest
@@ -136,8 +137,10 @@ def test_check_reports_the_last_device_quant_self_check(tmp_path, capsys, clean_
 
     def line() -> str:
         assert main(["check", "--source", str(tmp_path)]) == 0
-        out = capsys.readouterr().out
-        return next(row for row in out.splitlines() if row.startswith("device_quant self-check:"))
+        rows = capsys.readouterr().out.splitlines()
+        at = next(i for i, row in enumerate(rows) if row.startswith("device_quant self-check:"))
+        more = itertools.takewhile(lambda row: row.startswith("    "), rows[at + 1 :])
+        return " ".join([rows[at], *(row.strip() for row in more)])  # wrapped at 160
 
     assert "none recorded yet" in line()
     found = int4_self_check.Comparison("near-tie probe 60x128 bf16", 960, 37, 0)

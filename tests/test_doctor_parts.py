@@ -200,7 +200,7 @@ def test_render_writes_each_section_and_the_verdict_with_its_changes():
     assert "  (none of the relevant variables is set)" in lines
     assert "  enabled=True" in lines  # the long entries get lines of their own
     assert f"  {render.SELF_CHECK}: never run" in lines
-    assert "  host: quant. staging   512 MiB" in lines
+    assert "  host: quant. staging   0.5 GiB" in lines  # host memory in one unit
     assert "  host: process baseline 3.5 GiB" in lines
     assert lines[-2:] == [
         "Verdict: WILL RUN OUT OF MEMORY (host at load: 130% of the host's room; main cause: "

@@ -769,6 +769,25 @@ def test_a_tp_worker_leaves_the_host_findings_to_the_process_that_said_them(
     assert records[0][0] == "WARNING" and "#916 could not be ruled out" in records[0][1]
 
 
+def findings_from(out: str, head: str) -> list[str]:
+    """The findings printed from the line that starts with ``head``: it and each line
+    indented past it, a wrapped line's continuations (4 more than it) joined back to it."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(head))
+    base = len(head) - len(head.lstrip())
+    found: list[tuple[int, str]] = []
+    for line in lines[start:]:
+        indent = len(line) - len(line.lstrip())
+        if found and indent <= base:
+            break
+        assert len(line) <= 160, line
+        if found and indent >= found[-1][0] + 4:
+            found[-1] = (found[-1][0], f"{found[-1][1]} {line.strip()}")
+        else:
+            found.append((indent, line.strip()))
+    return [text for _, text in found]
+
+
 def test_check_shows_the_decision_the_guard_makes(tmp_path, capsys, clean_env, monkeypatch):
     from vllm_xpu_memfix.cli import main
 
@@ -778,15 +797,15 @@ def test_check_shows_the_decision_the_guard_makes(tmp_path, capsys, clean_env, m
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "src/vllm").mkdir(parents=True)
     assert main(["check", "--source", str(tmp_path / "src")]) == 0
-    lines = [
-        line for line in capsys.readouterr().out.splitlines() if line.startswith("driver_env:")
-    ]
+    said = findings_from(capsys.readouterr().out, "driver_env:")
     decision = driver_env.decide(config.load(), os.environ)
-    assert lines == [f"driver_env: {driver_env.summary(decision)}"]
-    assert lines[0].startswith(
+    first, *remarks = driver_env.summary_lines(decision)
+    assert said == [f"driver_env: {first}", *remarks]
+    assert said[0].startswith(
         "driver_env: sets NEOReadDebugKeys=1 EnableDeferBacking=0: 2 Battlemage GPUs visible"
     )
-    assert "compute-runtime #916 could not be ruled out" in lines[0]
+    assert said[1].startswith("compute-runtime #916 could not be ruled out")
+    assert said[2].startswith("Remedies: kernel 7.1 or later")
 
 
 @pytest.mark.parametrize("kernel", [KERNEL_6, "7.1.8-arch1-1"])
@@ -794,7 +813,8 @@ def test_check_and_doctor_show_the_decision_the_guard_makes(
     tmp_path, capsys, clean_env, monkeypatch, kernel
 ):
     """One host, three readers: driver_env.decide, `check` and `doctor` (text and JSON)
-    give the same line, #916's warning included on the older kernel."""
+    give the same findings, #916's warning included on the older kernel: the text a
+    finding a line (wrapped at 160), the JSON in one string."""
     import json
 
     from vllm_xpu_memfix.cli import main
@@ -803,12 +823,16 @@ def test_check_and_doctor_show_the_decision_the_guard_makes(
     monkeypatch.setenv("VLLM_XPU_MEMFIX_SYSROOT", str(root))
     for name in DRIVER_NAMES:
         monkeypatch.delenv(name, raising=False)
+    first, *remarks = driver_env.summary_lines(driver_env.decide(config.load(), os.environ))
     expected = driver_env.summary(driver_env.decide(config.load(), os.environ))
+    assert expected == ". ".join([first, *remarks])
     (tmp_path / "src/vllm").mkdir(parents=True)
     assert main(["check", "--source", str(tmp_path / "src")]) == 0
-    assert f"driver_env: {expected}" in capsys.readouterr().out.splitlines()
+    said = findings_from(capsys.readouterr().out, "driver_env:")
+    assert said == [f"driver_env: {first}", *remarks]
     assert main(["doctor", "--params", "8B"]) == 0
-    assert f"  driver guard {expected}" in capsys.readouterr().out.splitlines()
+    said = findings_from(capsys.readouterr().out, "  driver guard ")
+    assert said == [f"driver guard {first}", *remarks]
     assert main(["doctor", "--params", "8B", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpus"]["driver_guard"] == expected
     assert ("compute-runtime #916 could not be ruled out" in expected) is (kernel == KERNEL_6)

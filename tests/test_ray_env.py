@@ -35,6 +35,19 @@ def run(capsys, *args):
     return code, captured.out.splitlines(), captured.err
 
 
+def findings(out: list[str]) -> list[str]:
+    """The comment lines as findings: a wrapped line's continuations (indented 4 or more
+    past ``#``) joined back to it."""
+    said: list[str] = []
+    for line in out:
+        text = line.removeprefix("#")
+        if said and text.startswith("    ") and line.startswith("#"):
+            said[-1] += " " + text.strip()
+        else:
+            said.append(text.strip() if line.startswith("#") else line)
+    return said
+
+
 def test_an_affected_node_gets_export_lines_and_the_runtime_env(node, capsys):
     node([B70] * 4)
     code, out, err = run(capsys)
@@ -70,10 +83,11 @@ def test_a_node_without_intel_gpus_gets_one_line(tmp_path, monkeypatch, clean_en
     monkeypatch.setenv("VLLM_XPU_MEMFIX_SYSROOT", str(tmp_path))
     code, out, err = run(capsys)
     assert (code, err) == (0, "")
-    assert out == [
-        f"# this node needs no driver variables: no Intel GPU visible under "
+    assert findings(out) == [
+        f"this node needs no driver variables: no Intel GPU visible under "
         f"{tmp_path}/sys/class/drm; the host copy needs 2 or more Battlemage"
     ]
+    assert all(len(line) <= 160 for line in out)
     assert run(capsys, "--json")[1] == ['{"env_vars": {}}']
 
 
@@ -134,12 +148,14 @@ def test_no_peer_access_prints_its_variables_and_their_cost(node, capsys, monkey
 def test_a_node_that_meets_compute_runtime_916_is_warned(node, capsys):
     node([B70] * 2, kernel="6.14.0-37-generic")
     out = run(capsys)[1]
-    warnings = [line for line in out if "compute-runtime #916" in line]
-    assert len(warnings) == 1 and warnings[0].startswith(
-        "# compute-runtime #916 could not be ruled out (2 Intel"
-    )
-    assert "VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access" in warnings[0]
+    said = findings(out)
+    (at,) = [i for i, line in enumerate(said) if "compute-runtime #916" in line]
+    assert said[at].startswith("compute-runtime #916 could not be ruled out (2 Intel")
+    assert said[at + 1].startswith("Remedies: ") and "DRIVER_ENV=no_peer_access" in said[at + 1]
+    assert all(len(line) <= 160 for line in out)
     node([B70] * 2, runtime="26.05.37020.3", kernel="6.14.0-37-generic")
-    (line,) = run(capsys)[1]
-    assert line.startswith("# this node needs no driver variables: compute-runtime 26.05")
-    assert "compute-runtime #916 could not be ruled out" in line
+    out = run(capsys)[1]
+    said = findings(out)
+    assert said[0].startswith("this node needs no driver variables: compute-runtime 26.05")
+    assert said[1].startswith("compute-runtime #916 could not be ruled out")
+    assert all(line.startswith("#") and len(line) <= 160 for line in out)

@@ -13,6 +13,7 @@ from pathlib import Path
 from vllm_xpu_memfix import __version__, fixes
 from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.lines import wrap, wrapped
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import int4_self_check
 from vllm_xpu_memfix.vllm_code import overrides
@@ -45,10 +46,11 @@ def main(args: argparse.Namespace) -> int:
     if not (root / "vllm").is_dir():
         print(f"check: {root} holds no vllm/ package directory.", file=sys.stderr)
         return 2
-    print(
+    head = (
         f"vllm-xpu-memfix {__version__}; plugin {'enabled' if settings.enabled else 'DISABLED'}"
-        f" ({config.MASTER.name}); vLLM source: {root / 'vllm'}\n"
+        f" ({config.MASTER.name}); vLLM source: {root / 'vllm'}"
     )
+    print("\n".join(wrap(head)) + "\n")
     unreadable: dict[Path, str] = {}
 
     def readable(read: Callable[[], str]) -> str:
@@ -88,12 +90,18 @@ def main(args: argparse.Namespace) -> int:
         upstream = readable(partial(rule.evaluate, partial(compat.module_source, root)))
         removal.append((fix.key, rule.change, upstream))
     print(_table(removal))
-    print(f"\nsym_int4: {readable(partial(sym_int4_layout, root))}")
-    print(f"device_quant self-check: {int4_self_check.describe(settings.lock_dir)}")
-    print(f"driver_env: {driver_env.summary(driver_env.decide(settings, os.environ))}")
-    print(f"\n{platform_workers(workers)}")
-    for path, reason in unreadable.items():
-        print(f"unreadable: {path}: {reason}")
+    decision, *guard = driver_env.summary_lines(driver_env.decide(settings, os.environ))
+    prose = [
+        "",
+        f"sym_int4: {readable(partial(sym_int4_layout, root))}",
+        f"device_quant self-check: {int4_self_check.describe(settings.lock_dir)}",
+        f"driver_env: {decision}",
+        *(f"  {line}" for line in guard),
+        "",
+        *platform_workers(workers).splitlines(),
+        *(f"unreadable: {path}: {reason}" for path, reason in unreadable.items()),
+    ]
+    print("\n".join(wrapped(prose)))
     return 1 if missing and args.strict else 0
 
 

@@ -18,6 +18,7 @@ import json
 import os
 
 from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core.lines import WIDTH, wrap
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import driver_facts as facts
 
@@ -35,6 +36,12 @@ def ray_line() -> str:
         return "Ray is importable here, but its version cannot be read"
 
 
+def _comment(text: str, indent: int = 0) -> None:
+    """``text`` as shell comments of at most :data:`WIDTH` characters (``core.lines``)."""
+    for line in wrap(" " * indent + text, width=WIDTH - 2):
+        print(f"# {line}")
+
+
 def main(args: argparse.Namespace) -> int:
     settings = config.load()
     # What the node needs, whatever this shell already holds, and whatever the plugin's
@@ -50,17 +57,20 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(runtime_env))
         return 0
     if not needed:
-        said = ". ".join([decision.reason, *driver_env.remarks(decision)])
-        print(f"# this node needs no driver variables: {said}")
+        _comment(f"this node needs no driver variables: {decision.reason}")
+        for remark in driver_env.remarks(decision):
+            _comment(remark, indent=2)
         return 0
-    print(f"# this node needs the driver guard: {decision.reason} ({driver_env.EVIDENCE})")
+    _comment(f"this node needs the driver guard: {decision.reason} ({driver_env.EVIDENCE})")
     if guard_off:
-        print("# the plugin's driver guard is off here: these are yours to set")
+        _comment("the plugin's driver guard is off here: these are yours to set")
     if driver_env.NO_PEER in needed:
-        print(f"# {driver_env.NO_PEER}=0 turns P2P off: {facts.NO_PEER_ACCESS_COST}")
+        _comment(f"{driver_env.NO_PEER}=0 turns P2P off: {facts.NO_PEER_ACCESS_COST}")
     if decision.xe_peer_oom is not None:
-        print(f"# {driver_env.xe_peer_oom_warning(decision.xe_peer_oom)}")
-    print(f"# {ray_line()}")
+        warning, remedies = driver_env.xe_peer_oom_lines(decision.xe_peer_oom)
+        _comment(warning)
+        _comment(remedies, indent=2)
+    _comment(ray_line())
     print("# 1) in every node's environment before `ray start` (Ray workers start with it):")
     for name, value in needed.items():
         print(f"export {name}={value}")

@@ -260,8 +260,8 @@ def decide_for(
     )
 
 
-def xe_peer_oom_warning(oom: driver.XePeerOom) -> str:
-    """compute-runtime #916 in one sentence: the failure, whether it is certain, the remedies."""
+def xe_peer_oom_lines(oom: driver.XePeerOom) -> list[str]:
+    """compute-runtime #916: the failure and whether it is certain; then the remedies."""
     where = (
         f"{oom.intel_gpus} Intel GPUs in one context, compute-runtime {oom.runtime}, "
         f"kernel {oom.kernel}"
@@ -274,32 +274,45 @@ def xe_peer_oom_warning(oom: driver.XePeerOom) -> str:
             f"{' and '.join(oom.unknown)}): if it holds, {facts.XE_PEER_OOM_FAILURE}"
         )
     kernel = ".".join(map(str, facts.KERNEL_FIXED))
-    return (
-        f"{head}; no report shows {DEFER}=0 helping. Remedies: kernel {kernel} or later; "
+    return [
+        f"{head}; no report shows {DEFER}=0 helping",
+        f"Remedies: kernel {kernel} or later; "
         f"compute-runtime {facts.XE_PEER_OOM_FIXED.tag} or later "
         f"({facts.XE_PEER_OOM_FIXED_ON_MASTER.name} on master); or {FIX.env}=no_peer_access "
-        f"({shown(NO_PEER_ACCESS_ENV)}), which costs P2P: {facts.NO_PEER_ACCESS_COST}"
-    )
+        f"({shown(NO_PEER_ACCESS_ENV)}), which costs P2P: {facts.NO_PEER_ACCESS_COST}",
+    ]
+
+
+def xe_peer_oom_warning(oom: driver.XePeerOom) -> str:
+    """:func:`xe_peer_oom_lines` as one text."""
+    return ". ".join(xe_peer_oom_lines(oom))
 
 
 def remarks(decision: Decision) -> list[str]:
-    """What the line adds to the decision: the pinned copy, #916, values not understood."""
+    """What the decision's lines add to it, one finding each: the pinned copy, #916 and
+    its remedies, values not understood."""
     remarks = []
     if decision.host_copy:
         remarks.append(
             f"The driver will pin a host copy of every device allocation here ({EVIDENCE})"
         )
     if decision.xe_peer_oom is not None:
-        remarks.append(xe_peer_oom_warning(decision.xe_peer_oom))
+        remarks += xe_peer_oom_lines(decision.xe_peer_oom)
     if decision.not_understood:
         remarks.append(f"Not understood, taken as absent: {'; '.join(decision.not_understood)}")
     return remarks
 
 
-def summary(decision: Decision) -> str:
-    """The decision in one line, as ``check`` and ``doctor`` show it."""
+def summary_lines(decision: Decision) -> list[str]:
+    """The decision, then each of its :func:`remarks`: what ``check`` and ``doctor`` print,
+    a line each."""
     what = f"sets {shown(decision.env)}" if decision.apply else "sets nothing"
-    return ". ".join([f"{what}: {decision.reason}", *remarks(decision)])
+    return [f"{what}: {decision.reason}", *remarks(decision)]
+
+
+def summary(decision: Decision) -> str:
+    """:func:`summary_lines` as one text (doctor's JSON)."""
+    return ". ".join(summary_lines(decision))
 
 
 def without_guard(environ: Mapping[str, str]) -> dict[str, str]:

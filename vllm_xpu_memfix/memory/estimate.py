@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vllm_xpu_memfix.core.units import MiB
+from vllm_xpu_memfix.core.units import MiB, figure, size
 
 ALLOCATOR_BLOCK = 512
 # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
@@ -137,10 +137,14 @@ class BurstEstimate:
         """Full-vocabulary logits of B requests: all_gather's output, or the lm_head's at TP 1."""
         return self.term("gathered logits" if self.shape.tp_size > 1 else "lm_head logits").nbytes
 
-    def breakdown(self) -> str:
+    def peak_parts(self) -> str:
+        """``torch.sort (per-request vectors 0.12, ..., allocator rounding 7 MiB)``."""
         stage = self.peak_stage
-        parts = ", ".join(f"{t.name} {t.nbytes / MiB:,.1f}" for t in stage.terms if t.nbytes)
-        return f"peak {self.peak / MiB:,.1f} MiB at {stage.name} ({parts} MiB)"
+        parts = ", ".join(f"{t.name} {figure(t.nbytes / MiB, 0)}" for t in stage.terms if t.nbytes)
+        return f"{stage.name} ({parts} MiB)"
+
+    def breakdown(self) -> str:
+        return f"peak {size(self.peak, MiB)} at {self.peak_parts()}"
 
 
 def estimate_sampler_burst(shape: BurstShape) -> BurstEstimate:

@@ -17,12 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from vllm_xpu_memfix.core.units import MiB
+from vllm_xpu_memfix.core.units import MiB, size
 from vllm_xpu_memfix.memory.snapshot import CgroupMemory, ProcReader
-
-
-def _mib(value: int) -> str:
-    return f"{value / MiB:,.0f} MiB"
 
 
 @dataclass(frozen=True)
@@ -49,17 +45,18 @@ class Room:
         room = self.mem_available if cgroup_room is None else min(self.mem_available, cgroup_room)
         return max(0, room)
 
-    def describe(self) -> str:
+    def describe(self, unit: int = MiB) -> str:
         """``room 2,560 MiB (MemAvailable 23,251 MiB; cgroup limit 8,192 MiB, used 5,632
-        MiB)``, or why it is unknown."""
+        MiB)``, or why it is unknown; in ``unit`` (doctor gives the host's memory in GiB)."""
         if self.problem or self.bytes is None:
             return f"room unknown: {self.problem}"
         cgroup = self.cgroup
         if cgroup.limit is None or cgroup.usage is None:
             limit = "no cgroup memory limit"
         else:
-            limit = f"cgroup limit {_mib(cgroup.limit)}, used {_mib(cgroup.usage)}"
-        return f"room {_mib(self.bytes)} (MemAvailable {_mib(self.mem_available or 0)}; {limit})"
+            limit = f"cgroup limit {size(cgroup.limit, unit)}, used {size(cgroup.usage, unit)}"
+        available = size(self.mem_available or 0, unit)
+        return f"room {size(self.bytes, unit)} (MemAvailable {available}; {limit})"
 
 
 def host_room(root: str | os.PathLike[str] = "/", pid: int | str = "self") -> Room:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_xpu_memfix.core.units import GiB, MiB
+from vllm_xpu_memfix.core.units import GiB, MiB, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
@@ -321,7 +321,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
             Cause(
                 codes.QUANT_STAGING,
                 ranks * inp.staging * gib,
-                f"{load}: {inp.staging * gib:,.1f} GiB a rank, {ranks} of {inp.tp} rank(s) at "
+                f"{load}: {size(inp.staging)} a rank, {ranks} of {inp.tp} rank(s) at "
                 f"once; {inp.load_mode_why}",
             )
         )
@@ -342,7 +342,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
                 codes.SAMPLER_BURST,
                 burst.peak * gib,
                 f"B={burst.shape.num_reqs} x vocab {burst.shape.padded_vocab:,}: gathered logits "
-                f"{burst.gathered_logits / MiB:,.0f} MiB, {burst.breakdown()}",
+                f"{size(burst.gathered_logits, MiB)}; the peak is at {burst.peak_parts()}",
             )
         )
     if inp.device_bytes is not None:
@@ -353,15 +353,15 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
                 Cause(
                     codes.DEVICE_OVERCOMMIT,
                     max(over, -(kv or 0.0)) * gib,
-                    f"weights {inp.weights * gib:,.1f} GiB + KV cache + activations per rank "
-                    f"against {inp.device_bytes * gib:,.1f} GiB at utilisation {inp.utilization}",
+                    f"weights {size(inp.weights)} + KV cache + activations per rank "
+                    f"against {size(inp.device_bytes)} at utilisation {inp.utilization}",
                 )
             )
     causes.append(
         Cause(
             codes.PROCESS_BASELINE,
             inp.tp * inp.baseline * gib,
-            f"{inp.baseline * gib:,.1f} GiB a rank",
+            f"{size(inp.baseline)} a rank",
         )
     )
     return causes

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.core.units import GiB, MiB
+from vllm_xpu_memfix.core.units import GiB, MiB, rounded, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.room import Room
@@ -81,14 +81,14 @@ class Remedy:
             "code": self.code,
             "what": self.what,
             "cost": self.cost,
-            "host_need_after_gib": round(self.after.host_need / GiB, 2),
-            "device_need_after_gib": None if device is None else round(device / GiB, 2),
+            "host_need_after_gib": rounded(self.after.host_need / GiB, 2),
+            "device_need_after_gib": None if device is None else rounded(device / GiB, 2),
             "verdict_after": self.after.verdict,
         }
 
 
 def _gib(value: float) -> str:
-    return f"{value / GiB:,.1f} GiB"
+    return size(value)
 
 
 def _guard(inp: model.Inputs, context: Context) -> str:
@@ -283,7 +283,7 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
                     codes.KV_HEADROOM,
                     f"{switch}: its kv_headroom keeps the gathered logits and a slack out of "
                     "the KV cache",
-                    f"{on.reserve / MiB:,.0f} MiB less KV cache per rank",
+                    f"{size(on.reserve, MiB)} less KV cache per rank",
                     on,
                 )
             )

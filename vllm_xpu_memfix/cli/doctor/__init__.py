@@ -39,6 +39,7 @@ from vllm_xpu_memfix.cli.doctor import (
     serveline,
 )
 from vllm_xpu_memfix.core import config, files
+from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -75,6 +76,7 @@ def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
         not_helping=[remedy.as_dict() for remedy in judged.not_helping],
         assumed=sections.assumed_section(measured, args, outcome),
         not_modelled=list(args.not_modelled),
+        driver_guard_lines=driver_env.summary_lines(measured.guard),
     )
 
 

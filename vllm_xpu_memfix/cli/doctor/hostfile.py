@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.numbers import Bounds, shown
-from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.core.units import GiB, size
 from vllm_xpu_memfix.intel import catalog, driver
 
 try:
@@ -166,7 +166,7 @@ def _host(reader: _Reader, table: dict[str, Any], assumed: list[str]) -> dict[st
         share = max(OS_SHARE * ram, OS_SHARE_MIN_GIB * GiB)
         available = max(0, int(ram - share))
         assumed.append(
-            f"available_gib not given: ram_gib less {share / GiB:,.1f} GiB for the OS and other "
+            f"available_gib not given: ram_gib less {size(share)} for the OS and other "
             f"processes ({OS_SHARE:.0%}, at least {OS_SHARE_MIN_GIB:g} GiB)"
         )
     if ram is None and available is None:

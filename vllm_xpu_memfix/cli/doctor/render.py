@@ -6,12 +6,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_xpu_memfix.core.lines import wrap
 from vllm_xpu_memfix.core.numbers import printable
-from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.core.units import GiB, size
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 SELF_CHECK = "device_quant self-check"
 LONG_LINES = ("sym_int4", SELF_CHECK)  # plugin entries rendered on lines of their own
+CODE_WIDTH, SIZE_WIDTH = 22, 12  # the causes' table: code, size, then why
+WHY_COLUMN = 2 + CODE_WIDTH + 1 + SIZE_WIDTH + 2
+TEXT_ONLY = ("driver_guard_lines",)  # fields the text gives and the JSON does not
 
 
 @dataclass
@@ -37,9 +41,12 @@ class Report:
     not_helping: list[dict[str, Any]] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)
     not_modelled: list[str] = field(default_factory=list)
+    # gpus["driver_guard"], a finding a line (driver_env.summary_lines)
+    driver_guard_lines: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, default=str)
+        fields = {k: v for k, v in asdict(self).items() if k not in TEXT_ONLY}
+        return json.dumps(fields, indent=2, default=str)
 
 
 def verdict_line(report: Report) -> str:
@@ -53,14 +60,9 @@ def verdict_line(report: Report) -> str:
     return f"Verdict: {report.verdict.upper()} ({'; '.join(parts)})"
 
 
-def gib(value: float | int | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value / GiB:,.1f} GiB" if abs(value) >= GiB else f"{value / 2**20:,.0f} MiB"
-
-
 def _figure(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f} GiB"
+    """A figure of the JSON (in GiB) as the text writes it."""
+    return size(None if value is None else value * GiB)
 
 
 def _outcome_lines(report: Report) -> list[str]:
@@ -75,7 +77,9 @@ def _outcome_lines(report: Report) -> list[str]:
             f"device {_figure(phase['device_gib']):>10}{mark}"
         )
     lines.append("Causes")
-    lines += [f"  {c['code']:<22} {c['gib']:>8,.1f} GiB  {c['why']}" for c in report.causes]
+    for c in report.causes:
+        row = f"  {c['code']:<{CODE_WIDTH}} {_figure(c['gib']):>{SIZE_WIDTH}}  {c['why']}"
+        lines += wrap(printable(row, limit=None), hang=WHY_COLUMN)  # the why column
     if report.remedies:
         lines.append("Remedies (the cheapest that fits first)")
         lines += [_remedy_line(r) for r in report.remedies]
@@ -91,33 +95,40 @@ def _outcome_lines(report: Report) -> list[str]:
 def _remedy_line(remedy: dict[str, Any]) -> str:
     return (
         f"  {remedy['code']}: {remedy['what']} -> {remedy['verdict_after']}, host "
-        f"{remedy['host_need_after_gib']:,.1f} GiB; cost: {remedy['cost']}"
+        f"{_figure(remedy['host_need_after_gib'])}; cost: {remedy['cost']}"
     )
 
 
 def render(report: Report, args: ServeArgs) -> str:
     """The report for a person. Every string that came from a file or the environment is
     escaped and cut (``numbers.printable``), and every line is escaped once more, so no
-    value can forge a line or reach the terminal as a control sequence. JSON is left as
-    it is: its encoder escapes."""
-    return "\n".join(printable(line, limit=None) for line in _lines(report, args))
+    value can forge a line or reach the terminal as a control sequence; then wrapped
+    (``core.lines``). JSON is left as it is: its encoder escapes."""
+    lines = [printable(line, limit=None) for line in _lines(report, args)]
+    return "\n".join(part for line in lines for part in wrap(line))
+
+
+def _guard_lines(report: Report) -> list[str]:
+    """The driver guard's decision, then each of its remarks on a line of its own."""
+    decision, *remarks = report.driver_guard_lines or [report.gpus["driver_guard"]]
+    return [f"  driver guard {decision}", *(f"    {remark}" for remark in remarks)]
 
 
 def _lines(report: Report, args: ServeArgs) -> list[str]:
     host, gpus = report.host, report.gpus
-    limit = "none" if host["cgroup_max"] is None else gib(host["cgroup_max"])
+    limit = "none" if host["cgroup_max"] is None else size(host["cgroup_max"])
     lines = [
         f"Host ({printable(report.machine)})",
-        f"  RAM {gib(host['mem_total'])}, available {gib(host['mem_available'])}, "
-        f"swap {gib(host['swap_total'])} ({gib(host['swap_free'])} free), cgroup limit {limit}",
+        f"  RAM {size(host['mem_total'])}, available {size(host['mem_available'])}, "
+        f"swap {size(host['swap_total'])} ({size(host['swap_free'])} free), cgroup limit {limit}",
         "GPUs",
         *(f"  {printable(gpu)}" for gpu in gpus["intel_gpus"] or ["no Intel GPU found in sysfs"]),
         f"  visible: {gpus['visible']} ({gpus['visible_battlemage']} Battlemage); device memory "
-        f"{gib(gpus['device_memory_bytes'])} ({gpus['device_memory_source']})",
+        f"{size(gpus['device_memory_bytes'])} ({gpus['device_memory_source']})",
         f"  compute-runtime {printable(gpus['compute_runtime'])}; "
         f"Level Zero loader {printable(gpus['level_zero_loader'])}; "
         f"kernel {printable(gpus.get('kernel', 'unknown'))}",
-        f"  driver guard {gpus['driver_guard']}",
+        *_guard_lines(report),
         "Environment",
         *(f"  {printable(k)}={printable(v)}" for k, v in report.environment.items()),
         *([] if report.environment else ["  (none of the relevant variables is set)"]),
@@ -134,20 +145,20 @@ def _lines(report: Report, args: ServeArgs) -> list[str]:
         lines += [
             "Model",
             f"  {printable(model['model'])}: {model['shards']} shard(s) read, "
-            f"{gib(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
-            f"weights per rank {gib(model['device_weight_bytes_per_rank'])}",
+            f"{size(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
+            f"weights per rank {size(model['device_weight_bytes_per_rank'])}",
         ]
     per_rank = report.per_rank
     lines += [
         f"Per rank (TP {args.tensor_parallel_size}, "
         f"--gpu-memory-utilization {args.gpu_memory_utilization})",
-        f"  device memory in use   {gib(per_rank['device_use'])}",
-        f"  host: driver copy      {gib(per_rank['host_copy'])}",
-        f"  host: quant. staging   {gib(per_rank['quantization_staging'])}",
-        f"  host: process baseline {gib(per_rank['process_baseline'])}",
+        f"  device memory in use   {size(per_rank['device_use'])}",
+        f"  host: driver copy      {size(per_rank['host_copy'])}",
+        f"  host: quant. staging   {size(per_rank['quantization_staging'])}",
+        f"  host: process baseline {size(per_rank['process_baseline'])}",
         "Host total",
-        f"  need {gib(report.total['host_need'])} + checkpoint page cache "
-        f"{gib(report.total['page_cache'])} (reclaimable), "
+        f"  need {size(report.total['host_need'])} + checkpoint page cache "
+        f"{size(report.total['page_cache'])} (reclaimable), "
         f"against the {report.host['room_detail']}",
         *_outcome_lines(report),
         verdict_line(report),

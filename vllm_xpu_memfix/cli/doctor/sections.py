@@ -8,7 +8,7 @@ from typing import Any
 from vllm_xpu_memfix.cli.doctor import choices
 from vllm_xpu_memfix.cli.doctor.facts import Measurement
 from vllm_xpu_memfix.cli.doctor.render import SELF_CHECK
-from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.core.units import GiB, rounded, size
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, int4_self_check
 from vllm_xpu_memfix.memory.room import Room
@@ -63,7 +63,7 @@ def total_section(measured: Measurement, outcome: phases.Outcome) -> dict[str, f
 def host_section(snap: Snapshot, room: Room) -> dict[str, Any]:
     return {
         "room": room.bytes,
-        "room_detail": room.describe(),
+        "room_detail": room.describe(GiB),
         "mem_total": snap.mem_total,
         "mem_available": snap.mem_available,
         "swap_total": snap.swap_total,
@@ -114,7 +114,7 @@ def plugin_section(measured: Measurement) -> dict[str, str]:
 
 
 def _gib(value: float | None) -> float | None:
-    return None if value is None else round(value / GiB, 2)
+    return None if value is None else rounded(value / GiB, 2)
 
 
 def phases_section(outcome: phases.Outcome) -> dict[str, dict[str, float | None]]:
@@ -126,7 +126,7 @@ def phases_section(outcome: phases.Outcome) -> dict[str, dict[str, float | None]
 
 
 def causes_section(outcome: phases.Outcome) -> list[dict[str, object]]:
-    return [{"code": c.code, "gib": round(c.gib, 2), "why": c.why} for c in outcome.causes]
+    return [{"code": c.code, "gib": rounded(c.gib, 2), "why": c.why} for c in outcome.causes]
 
 
 def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outcome) -> list[str]:
@@ -150,7 +150,7 @@ def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outc
         assumed.append("no hidden_size in config.json: the activations are not counted")
     if inputs.device_bytes is not None:
         assumed.append(
-            f"the warm-up adds {phases.WARMUP_OUTSIDE_TORCH / GiB:g} GiB a rank outside torch "
+            f"the warm-up adds {size(phases.WARMUP_OUTSIDE_TORCH)} a rank outside torch "
             "(Level Zero modules, oneCCL buffers)"
         )
     return assumed
