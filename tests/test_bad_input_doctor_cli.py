@@ -215,7 +215,11 @@ VERSIONS = st.one_of(
         r"\A[0-9]{2}\.[0-9]{1,2}(\.[0-9]{1,9}(\.[0-9]{1,9})?)?([-+~][0-9A-Za-z.+~-]{0,12})?\Z"
     ),
     st.from_regex(r"\A1\.[0-9]{1,3}\.[0-9]{1,9}(\.[0-9]{1,4})?(-[0-9a-z~.]{0,8})?\Z"),
-    st.text(st.characters(blacklist_characters="\n\r"), max_size=20),
+    # what a status file can hold: any text but a lone surrogate, and undecodable bytes
+    st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\n\r"), max_size=20),
+    st.binary(max_size=20).map(
+        lambda b: b.replace(b"\n", b"").replace(b"\r", b"").decode("utf-8", "surrogateescape")
+    ),
 )
 ENV_VALUE = st.one_of(
     st.text(max_size=20),  # any code point: controls, quotes, backslashes, astral
