@@ -53,13 +53,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import GiB
+
+if TYPE_CHECKING:
+    from vllm_xpu_memfix.startup.host import HostFacts
+    from vllm_xpu_memfix.startup.sizing import Machine
 
 logger = get_logger("preflight")
 
@@ -143,13 +147,13 @@ def checkpoint(vllm_config: Any) -> tuple[Any, str]:
     )
 
 
-def _device_words(facts: Any, tp: int) -> str:
+def _device_words(facts: HostFacts, machine: Machine, tp: int) -> str:
     from vllm_xpu_memfix.startup import host
 
     used = host.used_gpus(facts, tp)
     if not used:
         return "no Intel GPU visible"
-    size, _ = host.device_bytes(used, None)
+    size = machine.device_bytes
     memory = f", {size / GiB:,.1f} GiB" if size else ""
     return f"{len(used)}x {used[0].product}{memory}"
 
@@ -163,7 +167,7 @@ def _host_cause(outcome: Any) -> str:
 
 def this_machine(
     settings: Settings, args: Any, ckpt: Any, environ: Mapping[str, str]
-) -> tuple[Any, Any]:
+) -> tuple[HostFacts, Machine]:
     """This host's facts and, from them, the machine the start-up model judges (built as
     doctor builds it: ``startup.host.machine``). ``environ`` already holds the guard's keys."""
     from vllm_xpu_memfix.startup import host
@@ -185,7 +189,7 @@ def judge(vllm_config: Any, settings: Settings, environ: Mapping[str, str]) -> t
     facts, machine = this_machine(settings, args, ckpt, environ)
     outcome = phases.run(sizing.inputs_for(machine, args, ckpt))
     judged = remedies.remedies(outcome, remedies.Context(room=facts.room))
-    device = _device_words(facts, args.tensor_parallel_size)
+    device = _device_words(facts, machine, args.tensor_parallel_size)
     where = ""
     if outcome.fails_at:
         where = f" at {outcome.fails_at['phase']} on the {outcome.fails_at['where']}"
