@@ -160,19 +160,17 @@ def stack(path: Path) -> list[float]:
 
 
 def kv_703_arithmetic(_path: Path) -> list[float]:
-    """#703's reserve against its KV cache and its workaround, as the test of that file holds."""
-    from vllm_xpu_memfix.core import config
-    from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
+    """#703's reserve against its KV cache and its workaround, as test_kv_headroom holds them."""
+    from test_kv_headroom import arithmetic_703
 
-    burst = estimate_sampler_burst(BurstShape(256, 248_320, 2, tp_size=4, hidden_size=5120))
-    reserve = burst.gathered_logits + config.load({}).kv_headroom_slack_mib * MiB
-    kv, card, utils = 20.62 * GiB, 31.89 * GiB, (0.92, 0.85)
-    workaround = (utils[0] - utils[1]) * card
+    figures = arithmetic_703()
+    reserve, kv, workaround = figures["reserve"], figures["kv_cache"], figures["workaround"]
     return [
         reserve / MiB,
         100 * reserve / kv,
         kv / GiB,
-        *utils,
+        figures["utilisation"],
+        figures["worked_around_at"],
         workaround / GiB,
         100 * workaround / kv,
     ]
