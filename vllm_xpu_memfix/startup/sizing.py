@@ -65,7 +65,19 @@ class ServeArgs:
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     kv_cache_dtype: str | None = None
-    # Flags of a pasted serve line that doctor does not model, as given.
+    # -1 or "auto": vLLM fits the context to the KV cache (max_model_len then None).
+    max_model_len_fitted: bool = False
+    # The parallel layout: this node's share is what the host and its GPUs hold.
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    enable_expert_parallel: bool = False
+    distributed_executor_backend: str | None = None
+    cpu_offload_gb: float = 0.0
+    # Flags of a pasted serve line (or EngineArgs fields, in the preflight) set away from
+    # their default that the model does not cover, as given.
     not_modelled: tuple[str, ...] = ()
 
 
