@@ -24,6 +24,11 @@ from pathlib import Path
 import pytest
 import test_docs
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
 ROOT = Path(__file__).parent.parent
 FIXES = ROOT / "docs" / "fixes.md"
 README = ROOT / "README.md"
@@ -415,6 +420,16 @@ def test_fixes_md_has_a_table_for_every_fix():
     assert len(FILE_ROWS) >= 15, "the rows that link data went missing"
 
 
+def test_fixes_md_states_the_warm_ups_memory_outside_torch_as_doctor_and_kv_headroom_take_it():
+    """One home for the figure doctor.md no longer states: doctor's assumption and the slack
+    kv_headroom keeps for the same unknown, as the code has them."""
+    from vllm_xpu_memfix.startup import phases, reserve
+
+    section = FIXES.read_text().split("## `doctor`'s assumptions")[1].split("\n|")[0]
+    assert f"{phases.WARMUP_OUTSIDE_TORCH / MiB:g} MiB a rank" in section
+    assert f"{reserve.DEFAULT_SLACK / MiB:g} MiB slack" in section
+
+
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r[0]}: {r[1][:40]}")
 def test_each_row_says_where_it_was_measured_and_links_its_data(row):
     _name, figure, where, links = row
@@ -546,3 +561,68 @@ def test_a_figure_without_a_home_is_seen(tmp_path):
         "- 3 GiB, [see](fixes.md#host_release)\n- 0.71\N{MULTIPLICATION SIGN} faster\n"
     )
     assert homeless(page) == ["128 MiB", "0.71 \N{MULTIPLICATION SIGN}"]
+
+
+# --- the claims that lean on a public thread, held to what its record states -----------
+
+RECORD = ROOT / "tests" / "data" / "public_record"
+
+
+def recorded_runtimes(thread: str) -> list[str | None]:
+    """The compute-runtime each public-record case of ``thread`` ("llm-scaler #703") states,
+    None where the thread states none."""
+    repository, number = thread.split(" #")
+    runtimes = []
+    for case in sorted(RECORD.glob("*/case.toml")):
+        url = tomllib.loads(case.read_text())["thread"]["url"]
+        if url.endswith(f"/{repository}/issues/{number}"):
+            host = tomllib.loads((case.parent / "host.toml").read_text())
+            runtimes.append(host.get("driver", {}).get("compute_runtime"))
+    return runtimes
+
+
+def cited(text: str) -> list[str]:
+    """The threads a text cites in parentheses: "(compute-runtime #953, #980; vllm #50269)"."""
+    threads = []
+    for group in re.findall(r"([\w-]+) (#\d+(?:, #\d+)*)", text):
+        threads += [f"{group[0]} #{n}" for n in re.findall(r"#(\d+)", group[1])]
+    return threads
+
+
+def without_an_affected_runtime(text: str) -> list[str]:
+    """The threads ``text`` cites whose public-record cases state no compute-runtime that
+    pins the host copy (threads the record does not hold are not judged here)."""
+    from vllm_xpu_memfix.intel import driver_facts as facts
+
+    unsupported = []
+    for thread in cited(text):
+        runtimes = recorded_runtimes(thread)
+        releases = [facts.parse_release(r) for r in runtimes if r]
+        if runtimes and not any(r and r >= facts.HOST_COPY_FROM for r in releases):
+            unsupported.append(thread)
+    return unsupported
+
+
+def test_the_host_copy_is_cited_only_from_threads_that_state_an_affected_runtime():
+    """#703 names no compute-runtime, so it is no evidence of the driver's pinned copy (issue
+    47's audit): each thread the cause cites that the record holds states one from 26.09."""
+    from vllm_xpu_memfix.startup import codes
+
+    said = codes.CAUSES[codes.DRIVER_HOST_COPY]
+    assert cited(said) and without_an_affected_runtime(said) == []
+    before = "(compute-runtime #953, #980; vllm #50269; llm-scaler #703)"
+    assert without_an_affected_runtime(before) == ["llm-scaler #703"]
+
+
+def test_a_row_whose_thread_states_no_runtime_says_so():
+    """Where the record of a row's thread states no compute-runtime, the row says so: a
+    reader must not take it for evidence of the driver's pinned copy (#703's row)."""
+    rows = [(where, link) for name, _f, where, links in ROWS for link in links]
+    silent = []
+    for where, link in rows:
+        match = re.search(r"github\.com/[\w-]+/([\w-]+)/issues/(\d+)", link)
+        runtimes = recorded_runtimes(f"{match[1]} #{match[2]}") if match else []
+        if runtimes and not any(runtimes) and "no compute-runtime" not in where:
+            silent.append(link)
+    assert recorded_runtimes("llm-scaler #703") == [None, None]
+    assert silent == []
