@@ -118,10 +118,12 @@ def process_baseline(path: Path) -> Quantities:
 
 
 def kv_headroom(path: Path) -> Quantities:
-    """Shapes, shapes in bounds (measured <= estimate <= 1.25 x measured), best and worst ratio."""
-    rows = json.loads(path.read_text())["rows"]
+    """Shapes, shapes in bounds (measured <= estimate <= 1.25 x measured), best and worst
+    ratio; what a process's first call added outside torch (driver's less torch's growth)."""
+    data = json.loads(path.read_text())
+    rows = data["rows"]
     ratios = [r["estimate"] / r["torch_peak"] for r in rows]
-    return {
+    found: Quantities = {
         "shapes": len(rows),
         "shapes in bounds": sum(
             r["torch_peak"] <= r["estimate"] <= 1.25 * r["torch_peak"] for r in rows
@@ -129,6 +131,11 @@ def kv_headroom(path: Path) -> Quantities:
         "lowest ratio": min(ratios),
         "highest ratio": max(ratios),
     }
+    if cold := data.get("cold_first_call"):
+        found["first call outside torch MiB"] = (
+            cold["driver_delta"] - cold["reserved_growth"]
+        ) / MiB
+    return found
 
 
 def warmup(path: Path) -> Quantities:
@@ -220,12 +227,22 @@ def stack(path: Path) -> Quantities:
 
 
 def kv_703_arithmetic(_path: Path) -> Quantities:
-    """#703's reserve against its KV cache and its workaround, as test_kv_headroom holds them."""
-    from test_kv_headroom import arithmetic_703
+    """#703's reserve against its KV cache and its workaround, as test_kv_headroom holds them,
+    and its whole burst on each sampler path."""
+    from test_kv_headroom import VOCAB_703, arithmetic_703
+
+    from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
 
     figures = arithmetic_703()
     reserve, kv, workaround = figures["reserve"], figures["kv_cache"], figures["workaround"]
-    return {
+    bursts = {
+        f"burst GiB, {path}": estimate_sampler_burst(
+            BurstShape(256, VOCAB_703, 2, tp_size=4, hidden_size=5120, topk_topp=path)
+        ).peak
+        / GiB
+        for path in ("triton", "sort")
+    }
+    return bursts | {
         "reserve MiB": reserve / MiB,
         "reserve % of the KV cache": 100 * reserve / kv,
         "KV cache GiB": kv / GiB,
@@ -359,7 +376,13 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         "lock off, per-rank caches | wall s",
         "lock on, per-rank caches | wall s",
     ],
-    "kv_headroom 0": ["lowest ratio", "highest ratio", "shapes in bounds", "shapes"],
+    "kv_headroom 0": [
+        "lowest ratio",
+        "highest ratio",
+        "shapes in bounds",
+        "shapes",
+        "first call outside torch MiB",
+    ],
     "kv_headroom 1": [
         tuple(f"{tp}shapes in bounds" for tp in TP),
         tuple(f"{tp}shapes" for tp in TP),
@@ -373,6 +396,8 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         "worked around at",
         "workaround GiB",
         "workaround % of the KV cache",
+        "burst GiB, triton",
+        "burst GiB, sort",
     ],
     "device_quant 0": [
         "recordings",
@@ -482,7 +507,7 @@ def test_a_figure_is_held_to_its_own_quantity_not_to_an_equal_number():
 # --- every figure of the user docs has its home ---------------------------------------
 
 _FIGURE = re.compile(
-    r"(?<![\w.#])(\d[\d,]*(?:\.\d+)?) ?(MiB|GiB|KiB|GB|MB|ms|s\b|\N{MULTIPLICATION SIGN}|%)"
+    r"(?<![\w.#])(\d[\d,]*(?:\.\d+)?)\s?(MiB|GiB|KiB|GB|MB|ms|s\b|\N{MULTIPLICATION SIGN}|%)"
 )
 
 
