@@ -67,6 +67,19 @@ def test_the_readme_has_one_row_per_fix_with_its_switch_values_and_default():
         assert default == f"`{variable.default}`", fix.key
 
 
+def test_the_readme_says_what_kv_headroom_reserves():
+    """The gathered logits plus a slack, not the warm-up's whole burst (issue 47's audit)."""
+    from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
+    from vllm_xpu_memfix.startup import codes, reserve
+
+    burst = estimate_sampler_burst(BurstShape(256, 248320, 2, tp_size=4, topk_topp="sort"))
+    kept = reserve.kv_reserve(burst, reserve.DEFAULT_SLACK)
+    assert kept == burst.gathered_logits + reserve.DEFAULT_SLACK < burst.peak
+    effect = {cells[0]: cells[-1] for cells in _table(README, "| fix | switch")}["kv_headroom"]
+    said = "gathered logits plus a slack"
+    assert said in effect and said in codes.REMEDIES[codes.KV_HEADROOM], effect
+
+
 def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
     first_block = README.split("```bash", 1)[1].split("```", 1)[0]
     commands = [line.split("#")[0].strip() for line in first_block.strip().splitlines()]

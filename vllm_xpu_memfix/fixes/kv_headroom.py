@@ -10,9 +10,9 @@ Problem
     Tried to allocate 122.00 MiB", the gathered fp16 logits, while torch still
     reported 2.56 GiB free. The user's way out, utilisation 0.92 -> 0.85, gave
     up 2.2 GiB of KV cache per GPU. What failed is not established: Intel's
-    engineer got past the warm-up with the same image and arguments, and the
-    host side of the allocation (the driver's pinned host copy on a host that
-    had just run out of RAM) is the likelier cause (docs/fixes.md).
+    engineer got past the warm-up with the same image and arguments, and a
+    host-side cause (the driver's pinned host copy) is not shown either: #703
+    names no driver version (docs/fixes.md).
 Mechanism
     ``profile_run`` already runs the same sampler pass with the same B, so its
     torch peak is part of the transient memory vLLM keeps out of the KV cache;

@@ -45,7 +45,7 @@ CAUSES = {
     DRIVER_HOST_COPY: "compute-runtime >= 26.09 with 2+ Battlemage GPUs in one Level Zero "
     "context pins a host copy of each rank's device allocations (about 1x its device use; "
     "invisible to RSS, not swappable). Largest once the KV cache is allocated "
-    "(compute-runtime #953, #980; vllm #50269; llm-scaler #703)",
+    "(compute-runtime #953, #980; vllm #50269)",
     XE_PEER_CONTEXT_OOM: "compute-runtime from 25.44 to before 26.22.38646.4 on a kernel "
     "before 7.1 with 2+ Intel GPUs in one context: every device allocation fails with "
     "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY, whatever the memory (compute-runtime #916)",
