@@ -170,3 +170,31 @@ def test_make_test_runs_the_release_check_and_the_workflow_runs_it_on_a_tag():
     assert re.search(r"^\s+tags: \[\"v\*\"\]$", workflow, flags=re.M)
     assert "make release-check RELEASE_TAG=${{ github.ref_name }}" in workflow
     assert "id-token: write" in workflow and "pypa/gh-action-pypi-publish" in workflow
+
+
+def test_the_readme_links_work_on_the_package_index():
+    """The index page resolves no relative link: each README link is the project's URL and
+    names a file (and section) of this repository."""
+    from test_docs import anchors
+
+    home = PYPROJECT["project"]["urls"]["Homepage"]
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    assert links
+    for link in links:
+        assert link.startswith(f"{home}/blob/main/"), link
+        path, _, anchor = link.removeprefix(f"{home}/blob/main/").partition("#")
+        assert (ROOT / path).is_file(), link
+        assert not anchor or anchor in anchors(ROOT / path), link
+
+
+def test_the_readme_supports_what_the_metadata_and_the_version_matrix_say():
+    readme = (ROOT / "README.md").read_text()
+    line = readme[readme.index("**Supports**") :].split("\n\n")[0]
+    vllm = re.search(r"vLLM (\d+\.\d+) to (\d+\.\d+)", line)
+    header = (ROOT / "docs" / "compat.md").read_text().splitlines()[0]
+    checked = re.findall(r"\| (\d+\.\d+)\.\d+ ", header)
+    assert vllm is not None and checked and vllm.groups() == (checked[0], checked[-1])
+    python = re.search(r"Python ≥ (\d+\.\d+)", line)
+    assert python is not None and PYPROJECT["project"]["requires-python"] == f">={python[1]}"
+    classified = [c.rsplit(" :: ", 1)[1] for c in PYPROJECT["project"]["classifiers"]]
+    assert python[1] in classified and "Linux" in line
