@@ -153,7 +153,7 @@ def clean_venv_runs_the_cli(wheel: Path, python: str, scratch: Path, expected: s
     return [*ran, "doctor --write-host", "doctor --host"]
 
 
-def test_bed_serves_with_the_wheel(wheel: Path, scratch: Path, expected: str) -> list[str]:
+def serve_with_the_wheel(wheel: Path, scratch: Path, expected: str) -> list[str]:
     """``pip install --no-deps --target`` the wheel, serve a tiny model with that copy first
     on ``PYTHONPATH``; returns the plugin's "registered" lines."""
     from vllm_xpu_memfix.cli.demo import plugin_lines
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({time.monotonic() - t0:.0f} s)"
             )
             t0 = time.monotonic()
-            registered = test_bed_serves_with_the_wheel(wheel, Path(tmp), expected)
+            registered = serve_with_the_wheel(wheel, Path(tmp), expected)
             print(
                 f"release-check: vLLM served with the wheel's copy ({time.monotonic() - t0:.0f}"
                 f" s); {len(registered)} processes registered it, e.g.\n  {registered[0]}"
