@@ -6,9 +6,10 @@ ARG IMAGE=intel/llm-scaler-vllm:0.26.0-b2
 FROM ${IMAGE}
 
 # Where the image's vLLM and torch live: llm-scaler's vllm/docker/Dockerfile (tag
-# vllm-0.21.0-b2, branches main at 8d66bf9 and codex/vllm-0.26-dev-image at 4548a64) builds
-# its serving stage FROM intel/pytorch:xpu-2.11.0-ubuntu24.04, whose venv /opt/venv
-# (Python 3.12) is first on PATH and holds vLLM, torch and the sym_int4 library.
+# vllm-0.21.0-b2, branches main at 8d66bf9 and codex/vllm-0.26-dev-image at 4548a64; the 0.26
+# release images have no tag there) builds its serving stage FROM
+# intel/pytorch:xpu-2.11.0-ubuntu24.04 (L127), whose venv /opt/venv is first on PATH (L135)
+# and holds vLLM, torch and the sym_int4 library (python3.12/site-packages, L139).
 ARG PYTHON=/opt/venv/bin/python
 
 # --no-deps: nothing here may replace the image's vLLM or torch. The plugin's own
