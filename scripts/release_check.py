@@ -70,11 +70,8 @@ def wheel_problems(wheel: Path, expected_version: str) -> list[str]:
         if metadata_name not in names:
             return [f"no {metadata_name} (the wheel's version differs from {expected_version})"]
         metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
-        licence = (
-            archive.read(f"{info}/licenses/LICENSE")
-            if (f"{info}/licenses/LICENSE" in names)
-            else None
-        )
+        licence_name = f"{info}/licenses/LICENSE"
+        licence = archive.read(licence_name) if licence_name in names else None
     problems = []
     if metadata.get("Version") != expected_version:
         problems.append(f"Version {metadata.get('Version')} is not {expected_version}")
@@ -118,36 +115,33 @@ def clean_venv_runs_the_cli(wheel: Path, python: str, scratch: Path, expected: s
     """Install the wheel into a new venv without vLLM; run every command's ``--help`` and
     ``doctor`` on this machine's file. Returns the commands run."""
     venv = scratch / "clean-venv"
+    # Nothing of the checkout may be seen: no PYTHONPATH, and not its directory as cwd.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    run([python, "-m", "venv", str(venv)], env=env)
-    pip = [str(venv / "bin" / "python"), "-m", "pip"]
-    run([*pip, "install", "--quiet", "--disable-pip-version-check", str(wheel)], env=env)
-    present = run(
-        [
-            str(venv / "bin" / "python"),
-            "-c",
-            "import importlib.util as u; print([m for m in ('vllm', 'torch') if u.find_spec(m)])",
-        ],
-        env=env,
-    ).strip()
+
+    def clean(*argv: str, offline: bool = False) -> str:
+        return run(list(argv), env={**env, "HF_HUB_OFFLINE": "1"} if offline else env, cwd=scratch)
+
+    clean(python, "-m", "venv", str(venv))
+    clean(str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel))
+    find = "import importlib.util as u; print([m for m in ('vllm', 'torch') if u.find_spec(m)])"
+    present = clean(str(venv / "bin" / "python"), "-c", find).strip()
     if present != "[]":
         raise ReleaseError(f"the clean venv has {present}: the wheel pulled them in")
     cli = str(venv / "bin" / "vllm-xpu-memfix")
-    shown = run([cli, "--version"], env=env).strip()
+    shown = clean(cli, "--version").strip()
     if shown != expected:
         raise ReleaseError(f"vllm-xpu-memfix --version says {shown}, not {expected}")
-    usage = run([cli, "--help"], env=env)
-    commands = re.search(r"\{([\w,-]+)\}", usage)
+    commands = re.search(r"\{([\w,-]+)\}", clean(cli, "--help"))
     if commands is None:
         raise ReleaseError("vllm-xpu-memfix --help lists no commands")
     ran = ["--version", "--help"]
     for command in commands.group(1).split(","):
-        run([cli, command, "--help"], env=env)
+        clean(cli, command, "--help")
         ran.append(f"{command} --help")
-    host = scratch / "host.toml"
-    run([cli, "doctor", "--write-host", str(host)], env=env)
-    planned = [cli, "doctor", "--host", str(host), "--params", "1B", "--", "vllm", "serve", "m"]
-    judged = run(planned, env={**env, "HF_HUB_OFFLINE": "1"})
+    host = str(scratch / "host.toml")
+    clean(cli, "doctor", "--write-host", host)
+    planned = ("doctor", "--host", host, "--params", "1B", "--", "vllm", "serve", "m")
+    judged = clean(cli, *planned, offline=True)
     if "Verdict: " not in judged:
         raise ReleaseError(f"doctor gave no verdict without vLLM:\n{judged[-500:]}")
     return [*ran, "doctor --write-host", "doctor --host"]
@@ -199,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.tag is not None and args.tag != f"v{expected}":
             raise ReleaseError(f"tag {args.tag} does not name version {expected}")
-        sdist, wheel = artifacts(args.dist)
+        sdist, wheel = artifacts(args.dist.resolve())
         problems = wheel_problems(wheel, expected) + sdist_problems(sdist, expected)
         if problems:
             raise ReleaseError("; ".join(problems))
