@@ -182,7 +182,8 @@ def test_without_intel_gpus_the_line_says_the_device_is_not_judged(
     engine_config(tiny_model, {}, monkeypatch)
     (line,) = [line for line in records.lines(logging.INFO) if line.startswith(LINE)]
     assert "FITS" in line and "no Intel GPU visible" in line and "device not judged" in line
-    assert "docs/troubleshooting.md" in line
+    cause = line.split("main cause ")[1].split(";")[0]
+    assert line.endswith(f"; see vllm-xpu-memfix explain {cause}"), line
 
 
 def test_off_judges_and_logs_nothing(b70_27b, monkeypatch, records, clean_env):

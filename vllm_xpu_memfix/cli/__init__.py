@@ -1,11 +1,10 @@
-"""``vllm-xpu-memfix`` command line: check, demo, doctor, monitor, plot, ray-env.
+"""``vllm-xpu-memfix`` command line: check, demo, doctor, explain, monitor, plot, ray-env, report.
 
 May import every other part of the package; nothing imports it but the entry point.
 """
 
-# The parser lives here; each command is the module of its name in this package
-# (check, demo, doctor, monitor, plot, ray-env as ray_env), imported only when that command runs and
-# called as ``main(args)``.
+# The parser lives here; each command is the module of its name in this package (ray-env
+# as ray_env), imported only when that command runs and called as ``main(args)``.
 
 from __future__ import annotations
 
@@ -68,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="vllm-xpu-memfix-demo",
         help="model, server log, monitor CSV, ledger and PNG go here (default: %(default)s)",
     )
+    explain = sub.add_parser(
+        "explain", help="print the troubleshooting entry for a cause or remedy code"
+    )
+    explain.add_argument("code", nargs="?", help="the code a log record names (none: list them)")
     monitor = sub.add_parser(
         "monitor",
         help="run a command (e.g. vllm serve) and sample its process tree's host memory to CSV",

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger, see
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import GiB
 
@@ -74,7 +74,6 @@ REMOVE_WHEN = RemoveWhen(
     ("oom_kill", "preflight"),
 )
 MAX_RECORD = 320
-DOCS = "docs/troubleshooting.md"
 NOT_FITTING = ("will run out of memory", "will fail")
 
 
@@ -205,7 +204,7 @@ def judge(vllm_config: Any, settings: Settings, environ: Mapping[str, str]) -> t
     if outcome.verdict != codes.FITS and judged.remedies:
         first = judged.remedies[0]
         parts.append(f"first remedy {first.code}: {first.what}")
-    tail = f"; see {DOCS}"
+    tail = f"; see {see(outcome.main_cause)}"
     line = _fit("; ".join(parts), MAX_RECORD - len(tail)) + tail
     details = {
         "verdict": outcome.verdict,
@@ -317,7 +316,8 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
     cause = judgement.cause or "unknown (no preflight verdict)"
     line = _fit(
         f"vllm-xpu-memfix: start-up failed after the kernel's OOM killer acted (oom_kill "
-        f"{judgement.oom_kills} -> {now}): likely {who}{memory}; likely cause {cause}; see {DOCS}"
+        f"{judgement.oom_kills} -> {now}): likely {who}{memory}; likely cause {cause}"
+        + (f"; see {see(judgement.cause)}" if judgement.cause else "")
     )
     logger.error("%s", line)
     if settings.ledger_dir is not None:
