@@ -26,11 +26,15 @@ Mechanism
     killer ranks), its last ledger phase (``VLLM_XPU_MEMFIX_LEDGER_DIR``), the host memory
     then and the likely cause code, and the API server's ledger records it (EngineCore where
     vLLM reports its exit code as -9, else a worker).
+    When the API server's engine is ready, one INFO line puts the predicted host (and device)
+    need beside what was measured then, as a ratio (``startup.prediction_check``).
 Targets
     ``vllm.engine.arg_utils:EngineArgs.create_engine_config`` (``vllm serve``'s API server,
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
     ``vllm.v1.engine.utils:wait_for_engine_startup`` (where the API server learns that the
-    engine's start-up failed).
+    engine's start-up failed);
+    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (the API server's engine
+    is ready: the prediction beside the measurement, ``startup.prediction_check``).
 Switch
     ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto (the line; on a host without Intel GPUs it says the
     device is not judged), on (the same), off (nothing is judged or logged), refuse (the
@@ -63,6 +67,7 @@ from vllm_xpu_memfix.core.units import GiB
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.startup.host import HostFacts
+    from vllm_xpu_memfix.startup.prediction_check import Prediction
     from vllm_xpu_memfix.startup.sizing import Machine
 
 logger = get_logger("preflight")
@@ -74,6 +79,8 @@ REMOVE_WHEN = RemoveWhen(
     ("oom_kill", "preflight"),
 )
 MAX_RECORD = 320
+# vLLM 0.32's API server calls it once its engine is up (startup.prediction_check).
+READY = "vllm.entrypoints.launchers.api_server.entry:build_and_serve"
 NOT_FITTING = ("will run out of memory", "will fail")
 
 
@@ -90,6 +97,7 @@ class Judgement:
     cause: str | None
     oom_kills: int | None
     started: float
+    prediction: Prediction | None = None
 
 
 def _fit(text: str, limit: int = MAX_RECORD) -> str:
@@ -257,10 +265,23 @@ def run_preflight(vllm_config: Any, settings: Settings, state: dict[str, Judgeme
         return
     (logger.info if outcome.verdict == codes.FITS else logger.warning)("%s", line)
     _log_details(details)
+    from vllm_xpu_memfix.startup import prediction_check
+
+    state["last"].prediction = _guarded(
+        "prediction", prediction_check.predicted, settings, outcome, line
+    )
     if settings.mode(FIX) is Mode.REFUSE and outcome.verdict in NOT_FITTING:
         raise PreflightRefused(
             _fit(f"{line.removeprefix('vllm-xpu-memfix preflight: ')} ({FIX.env}=refuse)")
         )
+
+
+def _guarded(what: str, call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception as exc:  # never into vLLM
+        logger.debug(_fit(f"vllm-xpu-memfix preflight: no {what} (internal error: {exc!r})"))
+        return None
 
 
 def _safe_oom_kills(settings: Settings) -> int | None:
@@ -354,9 +375,20 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
                 logger.debug(_fit(f"vllm-xpu-memfix: OOM-kill check failed: {inner!r}"))
             raise
 
+    def at_ready(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        last = state.get("last")
+        if last is not None and last.prediction is not None:
+            from vllm_xpu_memfix.startup import prediction_check
+
+            line = _guarded("ready line", prediction_check.at_ready, settings, last.prediction)
+            if line:
+                logger.info("%s", _fit(line))
+        return wrapped(*args, **kwargs)
+
     return (
         Patch(FIX.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config", after_config),
         Patch(FIX.key, "vllm.v1.engine.utils:wait_for_engine_startup", around_startup),
+        Patch(FIX.key, READY, at_ready, once=True, optional=True),
     )
 
 
