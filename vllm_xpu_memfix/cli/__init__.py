@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         "loads, so the variables must be in their environment from the start.",
     )
     ray_env.add_argument("--json", action="store_true", help="print only the runtime_env JSON")
+    report = sub.add_parser(
+        "report", help="one Markdown block for an issue: versions, GPUs, driver, memory, last start"
+    )
+    report.add_argument("--ledger", help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR)")
+    report.add_argument("--hostname", action="store_true", help="show this host's name")
     plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")
     plot.add_argument(
