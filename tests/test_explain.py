@@ -84,7 +84,7 @@ def test_explain_alone_lists_every_code():
     assert listed == [*codes.CAUSES, *codes.REMEDIES]
 
 
-def test_a_built_wheel_carries_the_guide_and_explains_from_it(tmp_path):
+def test_a_built_wheel_carries_the_guide_and_explains_and_reports_from_it(tmp_path):
     """Built from a copy of the repository, then run from the wheel file itself (zipimport):
     the entry comes from the wheel's data through importlib.resources."""
     pytest.importorskip("setuptools")
@@ -127,3 +127,6 @@ def test_a_built_wheel_carries_the_guide_and_explains_from_it(tmp_path):
     result = cli("explain", "kv_headroom", pythonpath=where, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"kv_headroom (remedy): {codes.REMEDIES['kv_headroom']}")
+    reported = cli("report", pythonpath=where, cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    assert reported.stdout.startswith("### vllm-xpu-memfix report")

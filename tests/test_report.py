@@ -148,3 +148,32 @@ def test_a_real_start_logs_the_prediction_beside_the_measurement_and_report_show
     (kv,) = [x for x in out.splitlines() if x.startswith("| kv_cache (KV cache allocated) |")]
     worker = next(r for r in rows if r["phase"] == "KV cache allocated")
     assert re.search(rf"\| {worker['rss_anon'] / GiB:,.2f} / - \|", kv), kv
+
+
+def test_at_ready_puts_the_device_beside_the_workers_vram_and_keeps_a_row(tmp_path):
+    """The device side comes from this start's worker rows (DRM drm-total-vram); rows from
+    before the preflight, junk and a FIFO are passed over."""
+    from vllm_xpu_memfix.core import config
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    fifo(ledger / "ledger-h-9.jsonl")
+    old = {"phase": "warm-up done", "pid": 7, "ts": 10.0, "drm_total_vram": 31 * GiB}
+    new = {"phase": "warm-up done", "pid": 8, "ts": 1000.0, "drm_total_vram": 27 * GiB}
+    (ledger / "ledger-h-8.jsonl").write_text(f"{json.dumps(old)}\n{{junk\n{json.dumps(new)}\n")
+    host = build_host(tmp_path / "host", [B70])
+    env = {"VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger), "VLLM_XPU_MEMFIX_SYSROOT": str(host)}
+    settings = config.load(env)
+    prediction = prediction_check.Prediction("fits", 8 * GiB, 30 * GiB, None, 500.0)
+    line = within(30, lambda: prediction_check.at_ready(settings, prediction))
+    assert line.startswith("vllm-xpu-memfix: ready; preflight (fits) vs measured, host: ")
+    assert line.endswith("device a rank: predicted 30.00 GiB, measured 27.00: 0.90x")
+    assert len(line) <= 320
+    (row,) = [
+        json.loads(x)
+        for p in ledger.glob("ledger-*-*.jsonl")
+        if p.is_file() and p.name != "ledger-h-8.jsonl"
+        for x in p.read_text().splitlines()
+    ]
+    assert row["phase"] == "ready" and row["measured_device"] == 27 * GiB
+    assert row["line"] == line and row["predicted_host"] == 8 * GiB
