@@ -177,3 +177,21 @@ def test_at_ready_puts_the_device_beside_the_workers_vram_and_keeps_a_row(tmp_pa
     ]
     assert row["phase"] == "ready" and row["measured_device"] == 27 * GiB
     assert row["line"] == line and row["predicted_host"] == 8 * GiB
+
+
+def test_the_prediction_kept_is_the_verdicts_largest_phase(tmp_path):
+    from vllm_xpu_memfix.core import config
+    from vllm_xpu_memfix.fixes.preflight import Verdict
+
+    host = build_host(tmp_path / "host", [B70])
+    settings = config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(host)})
+    phases = {
+        "load": {"host_gib": 12.5, "device_gib": 20.0},
+        "kv_cache": {"host_gib": 40.0, "device_gib": 29.0},
+        "warmup": {"host_gib": 41.0, "device_gib": None},
+    }
+    prediction_check.keep(settings, Verdict("at risk", [], [], [], None, {"phases": phases}), "x")
+    (kept,) = prediction_check._KEPT
+    assert (kept.verdict, kept.host_bytes, kept.device_bytes) == ("at risk", 41 * GiB, 29 * GiB)
+    prediction_check.keep(settings, Verdict("fits", [], [], [], None, {"platform": "cpu"}), "y")
+    assert prediction_check._KEPT == []

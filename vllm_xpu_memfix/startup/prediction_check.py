@@ -1,16 +1,17 @@
 """The preflight's prediction held against what the start-up measured, once vLLM is ready.
 
-The preflight (``fixes/preflight``) hands its outcome here; with ``VLLM_XPU_MEMFIX_LEDGER_DIR``
-set it is kept as a ``preflight`` ledger row. When the API server has its engine (vLLM 0.32:
-``build_and_serve`` in ``vllm/entrypoints/launchers/api_server/entry.py``, called by
-``run_server_worker`` once ``build_async_engine_client`` has started the engine: weights
-loaded, KV cache allocated, warm-up done; before the HTTP server listens), one INFO line
-says the predicted host need beside the host memory measured then: the vLLM tree's
-anonymous + shmem PSS plus the rise of the memory GPU drivers hold (``GPUActive``) since the
-preflight, as a ratio, and the device where the workers' ledger rows read it (DRM
-``drm-total-vram``). The ``ready`` ledger row of the API server keeps the figures;
-``vllm-xpu-memfix report`` shows them. Measured at ready, not over the start: a transient
-peak while loading (staging) is not in it.
+The preflight (``fixes/preflight``) hands its verdict here (:func:`keep`): each phase's need
+from the verdict's JSON (the XPU start-up model's phases, or the CPU backend's weights and
+KV cache); with ``VLLM_XPU_MEMFIX_LEDGER_DIR`` set it is also a ``preflight`` ledger row.
+When the API server has its engine (vLLM 0.32: ``build_and_serve`` in
+``vllm/entrypoints/launchers/api_server/entry.py``, called by ``run_server_worker`` once
+``build_async_engine_client`` has started the engine: weights loaded, KV cache allocated,
+warm-up done; before the HTTP server listens), one INFO line puts the predicted host need
+(the largest phase's) beside the host memory measured then: the vLLM tree's anonymous +
+shmem PSS plus the rise of the memory GPU drivers hold (``GPUActive``) since the preflight,
+as a ratio; and the device where the workers' ledger rows read it (DRM ``drm-total-vram``).
+The API server's ``ready`` ledger row keeps the figures; ``vllm-xpu-memfix report`` shows
+them. Measured at ready, not over the start: a transient peak while loading is not in it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ from typing import Any
 
 from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.config import Settings
+from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.patching import Patch
 from vllm_xpu_memfix.core.units import GiB, MiB
+
+logger = get_logger("prediction_check")
 
 PREDICTED = "preflight"
 READY = "ready"
+# vLLM 0.32: the API server calls it once, when its engine is up, before it serves.
+READY_TARGET = "vllm.entrypoints.launchers.api_server.entry:build_and_serve"
 # Ledger rows read back for the device figure: a start's few workers write a few KiB each.
 LEDGER_CAP = 4 * MiB
 
@@ -40,6 +47,9 @@ class Prediction:
     started: float
 
 
+_KEPT: list[Prediction] = []  # this process's last preflight prediction
+
+
 def _ledger(settings: Settings, tree_pss: int | None = None) -> Any:
     from vllm_xpu_memfix.core.process import current_role
     from vllm_xpu_memfix.memory.ledger import Ledger
@@ -47,33 +57,62 @@ def _ledger(settings: Settings, tree_pss: int | None = None) -> Any:
     return Ledger(str(current_role()), settings.ledger_dir, tree_anon_pss=lambda: tree_pss)
 
 
-def predicted(settings: Settings, outcome: Any, line: str) -> Prediction:
-    """Keep the outcome's host and device need (and the ledger row, where there is a ledger)."""
+def keep(settings: Settings, verdict: Any, line: str) -> None:
+    """Keep the preflight verdict's prediction for :func:`patch`'s line (never raises)."""
+    try:
+        _KEPT[:] = (
+            [] if verdict.json.get("phases") is None else [_predicted(settings, verdict, line)]
+        )
+    except Exception as exc:  # never into vLLM
+        logger.debug("vllm-xpu-memfix: no prediction kept (internal error: %r)", exc)
+
+
+def _predicted(settings: Settings, verdict: Any, line: str) -> Prediction:
     from vllm_xpu_memfix.memory.snapshot import ProcReader
 
-    device = outcome.device_need if outcome.device_judged else None
-    gpu_active = ProcReader(settings.sysroot).take("self", pss=False).gpu_active
-    prediction = Prediction(outcome.verdict, outcome.host_need, device, gpu_active, time.time())
+    phases = {
+        name: (p["host_gib"] * GiB, None if p["device_gib"] is None else p["device_gib"] * GiB)
+        for name, p in verdict.json["phases"].items()
+    }
+    devices = [device for _, device in phases.values() if device is not None]
+    prediction = Prediction(
+        verdict.verdict,
+        max(host for host, _ in phases.values()),
+        max(devices) if devices else None,
+        ProcReader(settings.sysroot).take("self", pss=False).gpu_active,
+        time.time(),
+    )
     if settings.ledger_dir is not None:
         _ledger(settings).record(
             PREDICTED,
-            verdict=outcome.verdict,
+            verdict=verdict.verdict,
             predicted_host=round(prediction.host_bytes),
-            predicted_device=None if device is None else round(device),
+            predicted_device=_rounded(prediction.device_bytes),
             predicted_phases={
-                name: {
-                    "host": round(p.host),
-                    "device": _rounded(p.device, device is not None),
-                }
-                for name, p in outcome.phases.items()
+                name: {"host": round(host), "device": _rounded(device)}
+                for name, (host, device) in phases.items()
             },
             line=line,
         )
     return prediction
 
 
-def _rounded(value: float | None, judged: bool) -> int | None:
-    return round(value) if judged and value is not None else None
+def patch(fix: str, settings: Settings) -> Patch:
+    """The ready point's patch: the line, once, before vLLM serves."""
+
+    def at_ready_hook(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+        if _KEPT:
+            try:
+                logger.info("%s", at_ready(settings, _KEPT[0]))
+            except Exception as exc:  # never into vLLM
+                logger.debug("vllm-xpu-memfix: no ready line (internal error: %r)", exc)
+        return wrapped(*args, **kwargs)
+
+    return Patch(fix, READY_TARGET, at_ready_hook, once=True, optional=True)
+
+
+def _rounded(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
 
 def workers_vram(directory: Path | None, since: float) -> int | None:
@@ -96,6 +135,10 @@ def workers_vram(directory: Path | None, since: float) -> int | None:
             if isinstance(vram, int) and (row.get("ts") or 0) >= since:
                 largest = max(largest or 0, vram)
     return largest
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= 320 else text[:319] + "…"
 
 
 def _ratio(measured: float, predicted: float) -> str:
