@@ -4,9 +4,9 @@ CPU test bed: the ratio the at-ready line logs (``startup.prediction_check``).
 For each model (the demo's tiny Qwen3, the 134 M ``SMALL`` and the 1.04 B ``ONE_B`` of
 ``cli/demo/tiny_model``), ``--rounds`` fresh starts of the real vLLM server with the plugin
 (defaults) and a ledger directory each; the API server's ``ready`` ledger row gives the
-predicted host need and the measured one (the vLLM tree's anon + shmem PSS at ready; no GPU
-here, so no GPUActive rise and no device figure). Medians, with the range, go to
-``benchmarks/results/prediction-ratio-<date>.md``.
+predicted host need (on the CPU backend: weights + KV cache) and the measured one (the vLLM
+tree's anon + shmem PSS at ready; no GPU here, so no GPUActive rise and no device figure).
+Medians, with the range, go to ``benchmarks/results/prediction-ratio-<date>.md``.
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ def main() -> int:
         f"# Predicted host need against measured at ready ({today})\n\n"
         f"`python benchmarks/prediction_ratio.py --rounds {args.rounds}`. Machine: "
         f"{platform.machine()}, Python {platform.python_version()}, vLLM CPU build, TP 1, "
-        "`VLLM_CPU_KVCACHE_SPACE=1` (a 1 GiB KV cache in host memory, which the model does "
-        "not count: it judges no device here). Measured: the vLLM tree's anon + shmem PSS "
-        "when the API server's engine is ready. Ratio: measured / predicted, median (range).\n\n"
+        "`VLLM_CPU_KVCACHE_SPACE=1`. Predicted: the preflight's need on vLLM's CPU backend, "
+        "weights + KV cache (a floor: the processes themselves are not in it). Measured: the "
+        "vLLM tree's anon + shmem PSS when the API server's engine is ready. Ratio: measured "
+        "/ predicted, median (range).\n\n"
         "| model | starts | predicted GiB | measured GiB | ratio |\n|---|---|---|---|---|\n"
         + "\n".join(lines)
         + "\n"
