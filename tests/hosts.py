@@ -110,3 +110,28 @@ def qwen_27b_like(directory: Path) -> Path:
     tensors["lm_head.weight"] = ("BF16", (vocab, hidden))
     write_sparse_checkpoint(directory, tensors, shards=18)
     return directory
+
+
+RAPTOR_LAKE_IGPU = (0x8086, 0xA7A0)  # the Iris Xe of most 13th-generation Intel desktops
+
+
+def add_igpu(root: Path, gpu: tuple[int, int] = RAPTOR_LAKE_IGPU) -> Path:
+    """An integrated GPU as xe shows it: card0 on the root complex's bus (0000:00:02.0,
+    first in PCI order), a tile directory and no VRAM of its own."""
+    dev = root / "sys/class/drm/card0/device"
+    (dev / "tile0").mkdir(parents=True)
+    (dev / "vendor").write_text(f"0x{gpu[0]:04x}\n")
+    (dev / "device").write_text(f"0x{gpu[1]:04x}\n")
+    (dev / "uevent").write_text("DRIVER=xe\nPCI_SLOT_NAME=0000:00:02.0\n")
+    return root
+
+
+def add_tiles(root: Path, card: str, tiles: int) -> Path:
+    """More xe tile directories on ``card`` (a two-tile Data Center GPU Max shows tile0 and
+    tile1), each with the same VRAM as tile0."""
+    dev = root / "sys/class/drm" / card / "device"
+    size = (dev / "tile0/physical_vram_size_bytes").read_text()
+    for index in range(1, tiles):
+        (dev / f"tile{index}").mkdir()
+        (dev / f"tile{index}/physical_vram_size_bytes").write_text(size)
+    return root

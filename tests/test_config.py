@@ -82,3 +82,13 @@ def test_driver_env_takes_no_peer_access_and_the_other_switches_do_not():
         "VLLM_XPU_MEMFIX_DRIVER_ENV='p2p_off' is not valid; accepted values: auto, on, off, "
         "no_peer_access"
     )
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_value_means_unset_for_every_switch(value):
+    """docker-compose's ``${X}`` of an unset X gives "": every switch (and path) then takes
+    its default, never an error (VLLM_XPU_MEMFIX_PREFLIGHT= used to stop vLLM)."""
+    defaults = config.load({})
+    for variable in (config.MASTER, *config.SWITCHES.values()):
+        assert config.load({variable.name: value}) == defaults, variable.name
+    assert config.load({config.PREFLIGHT.env: value}).mode(config.PREFLIGHT) is Mode.AUTO

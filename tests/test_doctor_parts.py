@@ -140,17 +140,15 @@ def test_remedies_put_the_guard_first_and_find_the_utilisation_that_fits():
     assert without.remedies[0].what.startswith("set NEOReadDebugKeys=1 EnableDeferBacking=0")
 
 
-def test_remedies_fall_back_to_more_ram_and_notes_an_unreadable_room():
+def test_an_unreadable_room_leaves_the_host_unjudged_and_says_so():
+    """Unknown is unknown (issue 46): the host side is not judged, never taken as no room."""
     measured = replace(
         four_b70(guard_applies=True), room=Room(None, CgroupMemory(problem="denied"))
     )
     out = outcome_for(measured, TP4)
-    assert out.verdict == "will run out of memory"
-    judged = remedies.remedies(out, remedies.Context(room=measured.room))
-    (more,) = judged.remedies
-    assert more.code == "more_host_ram" and more.after.verdict == "fits"
+    assert out.verdict == "fits" and not out.host_judged
     assert advice.notes_for(measured, out, TP4) == [
-        "the host's room could not be read (cgroup unreadable (denied)): taken as 0"
+        "the host's room could not be read (cgroup unreadable (denied)): not judged"
     ]
 
 

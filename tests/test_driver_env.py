@@ -110,7 +110,7 @@ def test_spawned_children_inherit_what_process_0_set(tmp_path):
     lines = [line for line in result.stderr.splitlines() if "driver guard" in line]
     (set_it,) = [line for line in lines if "driver guard: set " in line]
     assert set_it.startswith("WARNING") and "4 Battlemage GPUs visible" in set_it
-    assert "docs/troubleshooting.md#driver_host_copy" in set_it
+    assert "vllm-xpu-memfix explain driver_host_copy" in set_it
     assert any("#50269" in line and "26.05" in line for line in lines), "Intel's positions"
     assert any("VLLM_XPU_MEMFIX_DRIVER_ENV=off" in line for line in lines)
 
@@ -218,7 +218,7 @@ def test_a_rank_with_the_driver_loaded_sets_nothing_and_says_the_copy_stays(guar
     message = records[0][1]
     assert "the Intel driver started without NEOReadDebugKeys=1 EnableDeferBacking=0" in message
     assert "it will pin a host copy of every device allocation" in message
-    assert message.endswith("See docs/troubleshooting.md#driver_host_copy")
+    assert message.endswith("See vllm-xpu-memfix explain driver_host_copy")
     assert records[1][1].endswith(LIB) and "4 Battlemage GPUs visible" in records[2][1]
 
 
@@ -268,7 +268,7 @@ def test_process_0_with_the_driver_loaded_still_sets_them_for_the_processes_it_s
     assert records[1][1] == (
         f"vllm-xpu-memfix: driver guard: the Intel driver is already loaded here ({LIB}): the "
         "variables take effect in the processes this one spawns, not in this one nor in Ray "
-        "workers (docs/multi-node.md)"
+        "workers (vllm-xpu-memfix ray-env prints them for Ray)"
     )
 
 
@@ -309,7 +309,7 @@ OOM = (
     "(compute-runtime #916",
     "remedies for compute-runtime #916: kernel 7.1 or later; compute-runtime 26.22.38646.4 or "
     "later (26.27 on master); or VLLM_XPU_MEMFIX_DRIVER_ENV=no_peer_access (no P2P)",
-    "docs/troubleshooting.md#xe_peer_context_oom",
+    "vllm-xpu-memfix explain xe_peer_context_oom",
 )
 NOT_RULED_OUT = ("compute-runtime #916 could not be ruled out", "remedies for compute-runtime #916")
 MIXED = "1 Battlemage and 1 other Intel GPU(s) visible: the host copy is reported only between"
@@ -683,7 +683,7 @@ ANCHORS = re.compile(r'<a id="([a-z0-9_]+)"></a>')
 
 
 def pointers(text: str) -> list[str]:
-    return re.findall(r"docs/troubleshooting\.md#([a-z0-9_]+)", text)
+    return re.findall(r"vllm-xpu-memfix explain ([a-z0-9_]+)", text)
 
 
 def assert_pointers_exist(records) -> None:

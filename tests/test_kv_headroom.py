@@ -245,7 +245,7 @@ def test_reserve_is_subtracted_and_logged(worker_with, caplog):
     assert worker.available_kv_cache_memory_bytes == available
     assert "B=256 x vocab 248,320 x 2 B" in line
     assert "20.00 -> 19.63 GiB (1.84% given up)" in line
-    assert line.endswith("See docs/troubleshooting.md#sampler_burst") and len(line) <= LIMIT
+    assert line.endswith("See vllm-xpu-memfix explain sampler_burst") and len(line) <= LIMIT
 
 
 def test_a_kv_size_set_by_vllms_start_up_plan_still_gets_the_reserve(worker_with, monkeypatch):
@@ -284,7 +284,7 @@ def test_user_set_kv_size_is_left_alone_and_warns_when_the_burst_cannot_fit(work
         assert worker.determine_available_memory() == STUB_BYTES
     warning = next(m for m in _records(caplog, logging.WARNING) if "kv-cache-memory-bytes" in m)
     assert "leaves 200 MiB" in warning and len(warning) <= LIMIT
-    assert warning.endswith("See docs/troubleshooting.md#sampler_burst")
+    assert warning.endswith("See vllm-xpu-memfix explain sampler_burst")
     suggested = int(re.search(r"Lower --kv-cache-memory-bytes to (\d+)", warning).group(1))
     assert suggested < 10 * GiB
 
@@ -358,7 +358,7 @@ def test_oom_in_warm_up_logs_the_kv_size_that_fits_and_reraises(vllm_config_703,
     expected = int(20.62 * GiB) - 122 * MiB - (256 * VOCAB_703 * 2 + 256 * MiB)
     assert suggested == expected
     assert "the failed allocation 122 MiB" in hint
-    assert hint.endswith("See docs/troubleshooting.md#sampler_burst") and len(hint) <= LIMIT
+    assert hint.endswith("See vllm-xpu-memfix explain sampler_burst") and len(hint) <= LIMIT
 
 
 def test_other_errors_pass_through_without_a_hint(caplog):

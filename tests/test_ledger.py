@@ -188,7 +188,7 @@ def test_the_driver_copy_as_likely_cause_points_to_its_section():
     """A record each (within the limit); the driver's copy points to driver_host_copy."""
     lines = recorded_ledger(FOUR_PINNED).summary_lines()
     assert [line.split(" ")[0] for line in lines] == ["attribution", "driver", "likely"]
-    assert lines[-1].endswith("(docs/troubleshooting.md#driver_host_copy)")
+    assert lines[-1].endswith("(vllm-xpu-memfix explain driver_host_copy)")
     assert all(len(f"vllm-xpu-memfix: rank 0 {line}") <= LIMIT for line in lines)
     quiet = recorded_ledger(FOUR_UNPINNED).summary_lines()[-1]
     assert "likely cause: peer imports" in quiet and "troubleshooting" not in quiet

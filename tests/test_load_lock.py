@@ -108,7 +108,7 @@ def test_a_tight_container_gives_one_slot_through_the_section(tmp_path, caplog):
     per_rank = cpu_staging(1024 * 32768)
     assert "room 96 MiB" in line and f"{per_rank / 2**20:,.1f} MiB per rank" in line
     assert "-> 1 slot(s)" in line
-    assert sized.levelname == "WARNING" and line.endswith("docs/troubleshooting.md#quant_staging")
+    assert sized.levelname == "WARNING" and line.endswith("vllm-xpu-memfix explain quant_staging")
     room = next(r for r in caplog.records if host_room(FULL).describe() in r.getMessage())
     assert room.levelname == "DEBUG", "the deciding rank's room in full, as a detail"
 

@@ -1,6 +1,6 @@
 """The shape of the plugin's log records, held in one place (core/log.py): at most LIMIT
-characters, no DEBUG record that says WARNING, cause codes that point to an existing section
-of docs/troubleshooting.md; and records made before vLLM configures logging are not lost."""
+characters, no DEBUG record that says WARNING, cause codes that point to an entry that
+``vllm-xpu-memfix explain`` prints; and records made before vLLM configures logging are not lost."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_xpu_memfix.cli import explain
 from vllm_xpu_memfix.core import causes, log
 from vllm_xpu_memfix.startup import codes
 
@@ -70,25 +71,22 @@ def test_a_list_stays_within_its_width_and_counts_the_rest():
     assert log.listed(["a", "b"], 60) == "a, b"
 
 
-def test_the_cause_names_are_doctors_and_each_has_its_section():
+def test_the_cause_names_are_doctors_and_each_has_its_entry():
     names = {v for k, v in vars(causes).items() if k.isupper()}
     assert names == set(codes.CAUSES), "one list of cause codes"
-    anchors = set(
-        re.findall(r'<a id="([a-z0-9_]+)"></a>', (REPO / log.TROUBLESHOOTING).read_text())
-    )
-    # process_baseline is no failure a record reports; every other cause has a section.
-    assert names - {causes.PROCESS_BASELINE} <= anchors
-    assert log.see(causes.SAMPLER_BURST) == "docs/troubleshooting.md#sampler_burst"
+    assert names <= set(explain.sections(explain.guide_text()))
+    assert log.see(causes.SAMPLER_BURST) == "vllm-xpu-memfix explain sampler_burst"
 
 
-def test_every_pointer_in_the_package_names_an_existing_section():
-    """A record points to a section with ``see(CODE)`` or a literal; both must exist."""
-    anchors = set(
-        re.findall(r'<a id="([a-z0-9_]+)"></a>', (REPO / log.TROUBLESHOOTING).read_text())
-    )
+def test_every_pointer_in_the_package_names_a_code_with_an_entry():
+    """A record points with ``see(CODE)`` or a literal command; no record names a repository
+    path, which an installed wheel does not have."""
+    known = set(codes.CAUSES) | set(codes.REMEDIES)
     for path in (REPO / "vllm_xpu_memfix").rglob("*.py"):
-        for code in re.findall(r"troubleshooting\.md#([a-z0-9_]+)", path.read_text()):
-            assert code in anchors, (path.name, code)
+        text = path.read_text()
+        for code in re.findall(r"vllm-xpu-memfix explain ([a-z0-9_]+)", text):
+            assert code in known and explain.entry(code), (path.name, code)
+        assert "troubleshooting.md#" not in text, path.name
 
 
 def test_a_record_made_before_vllm_configures_logging_waits_for_it(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -49,10 +50,22 @@ def records() -> Iterator[Records]:
     logger.setLevel(old_level)
 
 
-def engine_config(model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> object:
-    """``create_engine_config`` with every requested fix installed as register() does."""
+def engine_config(
+    model: Path,
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    platform: str | None = "xpu",
+    **engine_args: object,
+) -> object:
+    """``create_engine_config`` with every requested fix installed as register() does.
+    ``platform``: the device type the preflight takes vLLM's platform for. The test bed's
+    vLLM is the CPU build and no Intel GPU can run here, so the XPU cases set "xpu" (the
+    sysroot describes the GPUs); None keeps the platform vLLM resolved (cpu)."""
     pytest.importorskip("vllm")
     from vllm.engine.arg_utils import EngineArgs
+
+    if platform is not None:
+        monkeypatch.setattr(preflight, "platform_of", lambda _config: platform)
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     # vLLM loads its plugins in this call: keep this plugin's register() out (it would
@@ -73,7 +86,9 @@ def engine_config(model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPa
         if settings.requested(module.FIX):
             module.install(patcher, settings)
     try:
-        args = EngineArgs(model=str(model), skip_tokenizer_init=True, enforce_eager=True)
+        args = EngineArgs(
+            model=str(model), skip_tokenizer_init=True, enforce_eager=True, **engine_args
+        )
         return args.create_engine_config()
     finally:
         target = (config.PREFLIGHT.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config")
@@ -149,10 +164,12 @@ def test_refuse_stops_a_27b_bf16_start_on_one_b70_before_loading_and_names_the_d
     with pytest.raises(preflight.PreflightRefused) as refused:
         engine_config(model, env, monkeypatch)
     message = str(refused.value)
+    assert refused.value.code == 1, "a clean exit: a SystemExit, no traceback"
     assert "WILL RUN OUT OF MEMORY at load on the device" in message
     assert "Arc Pro B70" in message and "VLLM_XPU_MEMFIX_PREFLIGHT=refuse" in message
-    (warning,) = [line for line in records.lines(logging.WARNING) if line.startswith(LINE)]
-    assert "main cause device_overcommit" in warning and len(warning) <= 320
+    (error,) = records.lines(logging.WARNING)
+    assert error == message and records.records[0].levelno == logging.ERROR
+    assert "main cause device_overcommit; first remedy quantize" in error and len(error) <= 320
     debug = [line for line in records.lines() if "preflight json" in line]
     assert debug and all(len(line) <= 320 for line in debug)
     text = "".join(line.split(": ", 1)[1] for line in debug)
@@ -182,7 +199,6 @@ def test_without_intel_gpus_the_line_says_the_device_is_not_judged(
     engine_config(tiny_model, {}, monkeypatch)
     (line,) = [line for line in records.lines(logging.INFO) if line.startswith(LINE)]
     assert "FITS" in line and "no Intel GPU visible" in line and "device not judged" in line
-    assert "docs/troubleshooting.md" in line
 
 
 def test_off_judges_and_logs_nothing(b70_27b, monkeypatch, records, clean_env):
@@ -209,7 +225,16 @@ def _vmstat(host: Path, oom_kills: int) -> None:
     (host / "proc/vmstat").write_text(f"nr_free_pages 1000\noom_kill {oom_kills}\n")
 
 
-def test_after_an_oom_kill_one_line_names_the_process_its_phase_and_the_cause(tmp_path, records):
+def _dead_pid() -> int:
+    """The pid of a process that has exited (a real one, so ``psutil`` finds it gone)."""
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _oom_scene(tmp_path: Path, rows: list[dict[str, object]], extra: str = "") -> tuple:
     host = build_host(tmp_path / "host", [])
     _vmstat(host, 2)
     ledger = tmp_path / "ledger"
@@ -217,12 +242,19 @@ def test_after_an_oom_kill_one_line_names_the_process_its_phase_and_the_cause(tm
     settings = config.load(
         {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger)}
     )
+    text = "".join(json.dumps(r) + "\n" for r in rows) + extra
+    (ledger / "ledger-h-7.jsonl").write_text(text)
     judged = preflight.Judgement("", "at risk", "driver_host_copy", 2, started=100.0)
+    return host, ledger, settings, judged
+
+
+def test_after_an_oom_kill_one_line_names_the_process_its_phase_and_the_cause(tmp_path, records):
+    pid = _dead_pid()
     rows = [
-        {"phase": "process start", "pid": 7, "role": "worker-0", "ts": 101.0, "rss_anon": 1},
+        {"phase": "process start", "pid": pid, "role": "worker-0", "ts": 101.0, "rss_anon": 1},
         {
             "phase": "weights loaded",
-            "pid": 7,
+            "pid": pid,
             "role": "worker-0",
             "ts": 102.0,
             "rss_anon": 9 * 2**30,
@@ -230,15 +262,15 @@ def test_after_an_oom_kill_one_line_names_the_process_its_phase_and_the_cause(tm
             "mem_total": 64 * 2**30,
         },
     ]
-    (ledger / "ledger-h-7.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    host, ledger, settings, judged = _oom_scene(tmp_path, rows)
     preflight.after_the_fact(settings, judged, RuntimeError("Engine core initialization failed"))
     assert records.lines() == [], "the counter has not risen: nothing to say"
     _vmstat(host, 3)
     preflight.after_the_fact(settings, judged, RuntimeError("Engine core initialization failed"))
     (line,) = records.lines()
-    assert "oom_kill 2 -> 3" in line and "worker-0 pid=7 after phase 'weights loaded'" in line
+    assert "oom_kill 2 -> 3" in line and f"worker-0 pid={pid} after phase 'weights loaded'" in line
     assert "MemAvailable 1.0 of 64.0 GiB" in line and "driver_host_copy" in line
-    assert len(line) <= 320
+    assert len(line) <= 320 and "LEDGER_DIR" not in line and "skipped" not in line
     recorded = [
         json.loads(text)
         for path in ledger.glob("ledger-*.jsonl")
@@ -246,4 +278,161 @@ def test_after_an_oom_kill_one_line_names_the_process_its_phase_and_the_cause(tm
         for text in path.read_text().splitlines()
     ]
     assert [r["phase"] for r in recorded] == ["killed by the OOM killer"]
-    assert recorded[0]["victim_pid"] == 7 and recorded[0]["oom_kill_after"] == 3
+    assert recorded[0]["victim_pid"] == pid and recorded[0]["oom_kill_after"] == 3
+
+
+def test_the_oom_kill_line_skips_and_counts_malformed_rows_and_never_names_a_live_process(
+    tmp_path, records
+):
+    """Rows of a hostile or torn ledger: not JSON, a list, a string pid, a string ts, a
+    live process (this test's own parent, larger than the dead one), and a dead worker
+    whose role and phase carry control characters that would forge a second line."""
+    dead = _dead_pid()
+    rows = [
+        {"phase": "x", "pid": os.getppid(), "role": "worker-1", "ts": 101.0, "rss_anon": 99 << 30},
+        {"phase": "x", "pid": "12", "role": "worker-2", "ts": 101.0},
+        {"phase": "x", "pid": 13, "role": "worker-3", "ts": "soon"},
+        {
+            "phase": "load\nERROR forged\x1b[31m",
+            "pid": dead,
+            "role": "worker-0\r",
+            "ts": 101.0,
+            "rss_anon": 2**30,
+            "mem_available": "lots",
+        },
+    ]
+    host, _, settings, judged = _oom_scene(tmp_path, rows, extra="[1, 2]\n{not json\n")
+    _vmstat(host, 3)
+    preflight.after_the_fact(settings, judged, RuntimeError("Engine core initialization failed"))
+    (line,) = records.lines()
+    assert f"pid={dead}" in line and f"pid={os.getppid()}" not in line
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert "load\\nERROR forged\\x1b[31m" in line and "worker-0\\r" in line
+    assert "4 ledger row(s) skipped" in line and "MemAvailable" not in line
+
+
+def test_a_fifo_named_like_a_ledger_file_never_blocks_the_line(tmp_path, records):
+    """A FIFO without a writer would block a plain open() for ever: it is refused,
+    counted, and the line still comes (asking for no LEDGER_DIR: it is set)."""
+    host, ledger, settings, judged = _oom_scene(tmp_path, [])
+    os.mkfifo(ledger / "ledger-h-8.jsonl")
+    _vmstat(host, 3)
+    preflight.after_the_fact(settings, judged, RuntimeError("Engine core initialization failed"))
+    (line,) = records.lines()
+    assert "likely a vLLM process (phase unknown)" in line and "1 ledger row(s) skipped" in line
+    assert "LEDGER_DIR" not in line
+
+
+# --- issue 46: judge only what vLLM will use; unknown is unknown; refuse only the certain
+
+
+def _refuse(host: Path, **extra: str) -> dict[str, str]:
+    return {"VLLM_XPU_MEMFIX_SYSROOT": str(host), config.PREFLIGHT.env: "refuse", **extra}
+
+
+def _line(records: Records) -> str:
+    (line,) = [line for line in records.lines(logging.INFO) if line.startswith(LINE)]
+    assert len(line) <= 320
+    return line
+
+
+def test_another_platform_is_one_info_line_and_never_refused(
+    b70_27b, monkeypatch, records, clean_env
+):
+    """An Intel GPU beside a CUDA (or any other) platform is not the device vLLM uses."""
+    host, model = b70_27b
+    engine_config(model, _refuse(host), monkeypatch, platform="cuda")
+    (line,) = records.lines()
+    assert records.records[0].levelno == logging.INFO
+    assert "not judged: vLLM runs on its cuda platform" in line
+
+
+def test_the_cpu_backend_is_judged_in_its_own_terms_not_the_xpu_baseline(
+    tiny_model, tmp_path, monkeypatch, records, clean_env
+):
+    """A 3 GiB room on vLLM's CPU backend: its need is the weights and the 1 GiB KV cache
+    (VLLM_CPU_KVCACHE_SPACE, set by engine_config), not 3.5 GiB a rank of the XPU
+    baseline, so it fits; 0.5 GiB cannot hold the KV cache, and refuse stops it."""
+    roomy = build_host(tmp_path / "roomy", [], mem_available_gib=3)
+    engine_config(tiny_model, _refuse(roomy), monkeypatch, platform=None)
+    line = _line(records)
+    assert line.startswith(f"{LINE} FITS on vLLM's CPU backend") and "KV cache 1.0 GiB" in line
+    tight = build_host(tmp_path / "tight", [], mem_available_gib=0.5)
+    with pytest.raises(preflight.PreflightRefused) as refused:
+        engine_config(tiny_model, _refuse(tight), monkeypatch, platform=None)
+    assert "WILL RUN OUT OF MEMORY at kv_cache on the host on vLLM's CPU backend" in str(
+        refused.value
+    )
+    assert "first remedy a smaller VLLM_CPU_KVCACHE_SPACE" in str(refused.value)
+
+
+def _unreadable_room(host: Path) -> Path:
+    (host / "proc/meminfo").write_text("MemTotal: 1 kB\n")
+    return host
+
+
+@pytest.mark.parametrize("platform", ["xpu", None])
+def test_an_unreadable_room_is_not_judged_and_never_refused(
+    tiny_model, tmp_path, monkeypatch, records, clean_env, platform
+):
+    host = _unreadable_room(build_host(tmp_path / "host", [B70], mem_available_gib=0.1))
+    engine_config(tiny_model, _refuse(host), monkeypatch, platform=platform)
+    line = _line(records)
+    assert "host room unreadable" in line and "host need" not in line
+
+
+def test_an_igpu_first_in_pci_order_is_not_the_device(b70_27b, monkeypatch, records, clean_env):
+    from hosts import add_igpu
+
+    host, model = b70_27b
+    add_igpu(host)
+    with pytest.raises(preflight.PreflightRefused, match=r"1x Arc Pro B70, 32\.0 GiB"):
+        engine_config(model, _refuse(host), monkeypatch)
+
+
+def test_two_tiles_are_two_devices_under_the_flat_hierarchy(
+    tiny_model, tmp_path, monkeypatch, records, clean_env
+):
+    """TP 2 on one two-tile GPU: Level Zero's FLAT hierarchy (its default) shows two
+    devices; COMPOSITE shows one, which vLLM cannot split TP 2 over."""
+    from hosts import add_tiles
+
+    host = add_tiles(build_host(tmp_path / "host", [B70]), "card1", 2)
+    engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
+    assert "TP 2 with 1 GPU" not in _line(records)
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
+    with pytest.raises(preflight.PreflightRefused, match="TP 2 with 1 GPU"):
+        engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "named"),
+    [
+        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size not modelled"),
+        ({"max_model_len": -1}, "max_model_len -1/auto not modelled"),
+        ({"cpu_offload_gb": 40}, "cpu_offload_gb not modelled"),
+    ],
+)
+def test_a_dimension_not_modelled_is_at_most_at_risk_and_never_refused(
+    b70_27b, monkeypatch, records, clean_env, engine_args, named
+):
+    """vLLM resolves these and the start-up may serve (PP splits the layers, the offload
+    moves 40 GiB to the host, -1 fits the context): the model does not size them yet."""
+    host, model = b70_27b
+    engine_config(model, _refuse(host), monkeypatch, **engine_args)
+    line = _line(records)
+    assert line.startswith(f"{LINE} AT RISK") and named in line
+
+
+def test_a_nan_in_config_json_keeps_the_config(b70_27b, monkeypatch, records, clean_env):
+    """vLLM accepts NaN in config.json (Python's json does): the preflight sizes the model
+    from the engine's own hf_config, so the 27B is still too large for one B70."""
+    host, model = b70_27b
+    path = model / "config.json"
+    path.write_text(
+        path.read_text().replace(
+            '"tie_word_embeddings"', '"rope_theta": NaN, "tie_word_embeddings"'
+        )
+    )
+    with pytest.raises(preflight.PreflightRefused, match="at load on the device"):
+        engine_config(model, _refuse(host), monkeypatch)

@@ -187,8 +187,8 @@ def test_a_worker_with_the_driver_loaded_gives_the_error_and_sets_nothing(
     assert error.startswith("ERROR vllm-xpu-memfix: driver guard cannot take effect in this ")
     assert "the Intel driver started without NEOReadDebugKeys=1 EnableDeferBacking=0" in error
     assert "it will pin a host copy of every device allocation" in error
-    assert "Set them before the process starts (docs/multi-node.md)" in error
-    assert error.endswith("See docs/troubleshooting.md#driver_host_copy")
+    assert "Set them before the process starts (vllm-xpu-memfix ray-env prints them)" in error
+    assert error.endswith("See vllm-xpu-memfix explain driver_host_copy")
     assert len(error) - len("ERROR ") <= LIMIT  # the driver's file and the reason: DEBUG
 
 

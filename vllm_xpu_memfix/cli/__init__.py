@@ -1,11 +1,10 @@
-"""``vllm-xpu-memfix`` command line: check, demo, doctor, monitor, plot, ray-env.
+"""``vllm-xpu-memfix`` command line: check, demo, doctor, explain, monitor, plot, ray-env, report.
 
 May import every other part of the package; nothing imports it but the entry point.
 """
 
-# The parser lives here; each command is the module of its name in this package
-# (check, demo, doctor, monitor, plot, ray-env as ray_env), imported only when that command runs and
-# called as ``main(args)``.
+# The parser lives here; each command is the module of its name in this package (ray-env
+# as ray_env), imported only when that command runs and called as ``main(args)``.
 
 from __future__ import annotations
 
@@ -68,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="vllm-xpu-memfix-demo",
         help="model, server log, monitor CSV, ledger and PNG go here (default: %(default)s)",
     )
+    explain = sub.add_parser(
+        "explain", help="print the troubleshooting entry for a cause or remedy code"
+    )
+    explain.add_argument("code", nargs="?", help="the code a log record names (none: list them)")
     monitor = sub.add_parser(
         "monitor",
         help="run a command (e.g. vllm serve) and sample its process tree's host memory to CSV",
@@ -135,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         "loads, so the variables must be in their environment from the start.",
     )
     ray_env.add_argument("--json", action="store_true", help="print only the runtime_env JSON")
+    report = sub.add_parser(
+        "report", help="one Markdown block for an issue: versions, GPUs, driver, memory, last start"
+    )
+    report.add_argument("--ledger", help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR)")
+    report.add_argument("--hostname", action="store_true", help="show this host's name")
     plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")
     plot.add_argument(

@@ -1,8 +1,8 @@
 """doctor's cause codes, named here so that the fixes' log records can give them too.
 
-What each means is in ``startup/codes.py`` (``CAUSES``); its section of
-docs/troubleshooting.md has the code as its anchor (``core.log.see``). A code is never
-renamed: scripts match on it.
+What each means is in ``startup/codes.py`` (``CAUSES``); its entry in the troubleshooting
+guide has the code as its anchor, and ``vllm-xpu-memfix explain CODE`` prints it
+(``core.log.see``). A code is never renamed: scripts match on it.
 """
 
 DRIVER_HOST_COPY = "driver_host_copy"

@@ -250,11 +250,11 @@ PREFLIGHT = Fix(
     "judges that configuration on this machine with the start-up model (doctor's) and logs "
     "one line: the verdict, where it runs out, the main cause and the first remedy; after a "
     "start-up killed by the kernel's OOM killer, says which process, at which phase.",
-    auto_means="the line where Intel GPUs are visible, and 'device not judged' elsewhere; on: "
-    "the same",
+    auto_means="the line under vLLM's XPU platform (Intel GPUs) and CPU backend (host memory "
+    "only), one 'not judged' line elsewhere; on: the same",
     modes=(*ON_OFF_AUTO, Mode.REFUSE),
-    extra_means="refuse: also stops the start-up with an error when the verdict is 'will run "
-    "out of memory' or 'will fail'",
+    extra_means="refuse: also stops the start-up (one ERROR, exit status 1) on a certain 'will "
+    "run out of memory' or 'will fail': every input read, every dimension modelled",
 )
 FIXES: tuple[Fix, ...] = (
     LEDGER,
@@ -427,7 +427,13 @@ class Settings:
 
 
 def _read(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
-    raw = environ.get(variable.name, variable.default)
+    raw = environ.get(variable.name, "")
+    if not raw.strip() and (variable.parse is _mode or variable is MASTER or variable.path):
+        # A switch or a path left empty is unset (docker-compose's ``${X}`` of an unset X
+        # is ""); an empty number is refused, as any value that is not one.
+        raw = variable.default
+    elif variable.name not in environ:
+        raw = variable.default
     if variable.path and not this_machine and variable.parse is not _lock_dir:
         # Another machine's path: taken as written, never looked up here.
         return Path(raw) if raw.strip() else (Path(variable.default) if variable.default else None)

@@ -8,7 +8,7 @@ most :data:`LIMIT` characters (the message, before vLLM's prefix), details at DE
 the docs, and a DEBUG record never says WARNING. A record that breaks this is cut (never
 raised: vLLM must not fail on a log line) and noted in :data:`VIOLATIONS`, which the test
 suite fails on after every test. A finding with one of doctor's cause codes points to its
-section of the troubleshooting guide with :func:`see`.
+entry in the troubleshooting guide with :func:`see`: a command, since the wheel has no docs.
 """
 
 from __future__ import annotations
@@ -20,15 +20,14 @@ from collections.abc import Sequence
 _FALLBACK_NAME = "vllm_xpu_memfix"
 LIMIT = 320
 CUT_MARK = " [cut]"
-TROUBLESHOOTING = "docs/troubleshooting.md"
 VIOLATIONS: list[str] = []  # the last few records that broke the shape, for the tests
 _KEPT = 20
 
 
-def see(cause: str) -> str:
-    """Where a finding with doctor's cause code ``cause`` is explained: the section of the
-    troubleshooting guide whose anchor is that code."""
-    return f"{TROUBLESHOOTING}#{cause}"
+def see(code: str) -> str:
+    """How to read the troubleshooting entry of doctor's cause or remedy code ``code``, from
+    the installed package (``cli.explain``)."""
+    return f"vllm-xpu-memfix explain {code}"
 
 
 def listed(items: Sequence[str], width: int) -> str:

@@ -9,33 +9,35 @@ Problem
 Mechanism
     In the process that builds the ``VllmConfig`` (the API server of ``vllm serve``, the
     process of ``LLM(...)``), right after ``create_engine_config`` returns and before
-    EngineCore and the workers are spawned: run the start-up model (``startup``) on that
-    configuration and this machine, and log one line (INFO where it fits, else WARNING):
-    the verdict, where it runs out, the main cause and the first remedy; the doctor
-    ``--json``-like dict follows at DEBUG, in records of at most 320 characters. The
-    machine is read as doctor reads it (``startup.host``, under the sysroot). The driver
-    guard's keys are taken from ``os.environ``: the guard runs earlier in this same process
-    (it is installed first) and sets them there, so that environment is exactly what the
-    spawned processes inherit; a fix may not import another fix, and re-deciding here would
-    be a second copy of the guard's decision. The checkpoint is read from its directory
-    (safetensors headers; a directory with config.json only is sized from its sizes), or
-    from the Hugging Face cache for a model id. Any internal error is one DEBUG line and no
-    verdict. The ``oom_kill`` counter of /proc/vmstat is read at the same time; if the
-    engine's start-up then fails and the counter has risen, one line names the process
-    the kernel most likely killed (the largest by its last ledger RssAnon, as the OOM
-    killer ranks), its last ledger phase (``VLLM_XPU_MEMFIX_LEDGER_DIR``), the host memory
-    then and the likely cause code, and the API server's ledger records it (EngineCore where
-    vLLM reports its exit code as -9, else a worker).
+    EngineCore and the workers are spawned, judge what vLLM resolved, on the devices vLLM's
+    platform will use. Under the XPU platform: the start-up model (``startup``) on the
+    engine's own hf_config, context, parallel layout, quantization and KV dtype, and on
+    this host as doctor reads it (``startup.host``, under the sysroot: the Intel devices
+    Level Zero will enumerate, the room, the legacy sym_int4 load, the int4 layouts).
+    Under the CPU backend: the weights and the KV cache against the room
+    (``startup.cpu_backend``). Any other platform: one INFO line, nothing judged. One line
+    (INFO where it fits, else WARNING): the verdict, where it runs out, the main cause,
+    the first remedy and what is not certain; the figures follow at DEBUG. An input not
+    read (the room) or a dimension not modelled caps the verdict at "at risk". The driver
+    guard's keys are taken from ``os.environ``: the guard runs earlier in this process and
+    sets them there, so that environment is what the spawned processes inherit. Any
+    internal error is one DEBUG line and no verdict. The ``oom_kill`` counter of
+    /proc/vmstat is read at the same time; if the engine's start-up then fails and it
+    rose, one line names the process the kernel most likely killed (of the ledger's
+    processes no longer alive, the largest by its last RssAnon, as the OOM killer ranks),
+    its last phase, the host memory then and the likely cause; the ledger files are read
+    through ``core.files`` (bounded, regular files only), their strings escaped.
 Targets
     ``vllm.engine.arg_utils:EngineArgs.create_engine_config`` (``vllm serve``'s API server,
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
     ``vllm.v1.engine.utils:wait_for_engine_startup`` (where the API server learns that the
-    engine's start-up failed).
+    engine's start-up failed);
+    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (ready: prediction_check).
 Switch
-    ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto (the line; on a host without Intel GPUs it says the
-    device is not judged), on (the same), off (nothing is judged or logged), refuse (the
-    line, then an error that stops the start-up when the verdict is "will run out of
-    memory" or "will fail"; never by default).
+    ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto and on (the line), off (nothing judged or logged),
+    refuse (on a certain "will run out of memory" or "will fail": one ERROR record naming
+    the switch and the first remedy, then exit status 1 without a traceback; never by
+    default).
 Upstream
     None: vLLM has no host-memory model of its start-up. The judgement needs the start-up
     model of this plugin, so it stays here.
@@ -51,19 +53,20 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger
+from vllm_xpu_memfix.core.log import get_logger, listed, see
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.startup import prediction_check
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.startup.host import HostFacts
-    from vllm_xpu_memfix.startup.sizing import Machine
+    from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs
 
 logger = get_logger("preflight")
 
@@ -74,12 +77,20 @@ REMOVE_WHEN = RemoveWhen(
     ("oom_kill", "preflight"),
 )
 MAX_RECORD = 320
-DOCS = "docs/troubleshooting.md"
+HEAD = "vllm-xpu-memfix preflight:"
 NOT_FITTING = ("will run out of memory", "will fail")
 
 
-class PreflightRefused(RuntimeError):
-    """``VLLM_XPU_MEMFIX_PREFLIGHT=refuse`` and the start-up will not fit."""
+class PreflightRefused(SystemExit):
+    """``VLLM_XPU_MEMFIX_PREFLIGHT=refuse`` and the start-up certainly will not fit: exit
+    status 1 without a traceback (a SystemExit), after the one ERROR record."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(1)
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
 
 
 @dataclass
@@ -93,19 +104,40 @@ class Judgement:
     started: float
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The line's parts: ``essential`` survive any cut, ``details`` fill what is left;
+    ``uncertain`` names each input not read or dimension not modelled (no refusal then)."""
+
+    verdict: str
+    essential: list[str]
+    details: list[str]
+    uncertain: list[str]
+    cause: str | None
+    json: dict[str, Any]
+
+
 def _fit(text: str, limit: int = MAX_RECORD) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def serve_args(vllm_config: Any) -> Any:
-    """The engine arguments the start-up model reads, from the engine's configuration."""
+def platform_of(vllm_config: Any) -> str:
+    """The device type of vLLM's platform for this engine (``xpu``, ``cpu``, ``cuda``...)."""
+    return str(vllm_config.device_config.device_type)
+
+
+def serve_args(vllm_config: Any, engine_args: Any = None) -> ServeArgs:
+    """The engine arguments the start-up model reads, from the engine's resolved
+    configuration (``engine_args``: the EngineArgs it was built from, where known)."""
     from vllm_xpu_memfix.startup.sizing import ServeArgs
 
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     sched = vllm_config.scheduler_config
     parallel = vllm_config.parallel_config
+    offload = getattr(getattr(vllm_config, "offload_config", None), "uva", None)
     kv_bytes = getattr(cache, "kv_cache_memory_bytes", None)
+    fitted = getattr(model, "original_max_model_len", None) == -1
     return ServeArgs(
         model=str(model.model),
         tensor_parallel_size=int(parallel.tensor_parallel_size),
@@ -113,32 +145,55 @@ def serve_args(vllm_config: Any) -> Any:
         quantization=model.quantization,
         dtype=str(model.dtype).removeprefix("torch."),
         max_parallel_loading_workers=getattr(parallel, "max_parallel_loading_workers", None),
-        max_model_len=getattr(model, "max_model_len", None),
+        max_model_len=None if fitted else getattr(model, "max_model_len", None),
         max_num_seqs=getattr(sched, "max_num_seqs", None),
         max_num_batched_tokens=getattr(sched, "max_num_batched_tokens", None),
         kv_cache_memory_bytes=int(kv_bytes) if kv_bytes else None,
         kv_cache_dtype=getattr(cache, "cache_dtype", None),
+        max_model_len_fitted=fitted,
+        pipeline_parallel_size=int(parallel.pipeline_parallel_size),
+        data_parallel_size=int(parallel.data_parallel_size),
+        data_parallel_size_local=getattr(parallel, "data_parallel_size_local", None),
+        nnodes=int(getattr(parallel, "nnodes", 1)),
+        node_rank=int(getattr(parallel, "node_rank", 0)),
+        enable_expert_parallel=bool(getattr(parallel, "enable_expert_parallel", False)),
+        distributed_executor_backend=_backend_name(parallel.distributed_executor_backend),
+        cpu_offload_gb=float(getattr(offload, "cpu_offload_gb", 0) or 0),
     )
+
+
+def _backend_name(backend: Any) -> str | None:
+    return backend if backend is None or isinstance(backend, str) else type(backend).__name__
+
+
+def layout_not_modelled(args: ServeArgs) -> list[str]:
+    """What the start-up model does not size yet, set away from its default."""
+    layout = {
+        "pipeline_parallel_size": args.pipeline_parallel_size != 1,
+        "data_parallel_size": args.data_parallel_size != 1,
+        "nnodes": args.nnodes != 1,
+        "cpu_offload_gb": args.cpu_offload_gb > 0,
+        "max_model_len -1/auto": args.max_model_len_fitted,
+    }
+    return [*args.not_modelled, *(name for name, away in layout.items() if away)]
 
 
 def checkpoint(vllm_config: Any) -> tuple[Any, str]:
     """The checkpoint (its directory, else the Hugging Face cache), else sized from the
-    engine's hf_config; and where it came from."""
+    engine's hf_config; and where it came from. The config is the engine's own
+    (``hf_config``): what vLLM read, NaN and all, not a second read of config.json."""
     from vllm_xpu_memfix.memory import hub_cache
-    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, read_checkpoint, read_config
+    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, read_checkpoint
     from vllm_xpu_memfix.startup.sizing import params_from_config
 
     name = str(vllm_config.model_config.model)
+    hf = vllm_config.model_config.hf_config.to_dict()
     directory = Path(name)
     if not directory.is_dir() and hub_cache.looks_like_repo_id(name):
         with contextlib.suppress(hub_cache.HubCacheError):
             directory = hub_cache.find_cached(name).snapshot
-    if directory.is_dir():
-        params = None
-        if not any(directory.glob("*.safetensors")):
-            params = params_from_config(read_config(directory)[0])
-        return read_checkpoint(directory, params, name=name), str(directory)
-    hf = vllm_config.model_config.hf_config.to_dict()
+    if directory.is_dir() and any(directory.glob("*.safetensors")):
+        return replace(read_checkpoint(directory, None, name=name), config=hf), str(directory)
     params = params_from_config(hf)
     if params is None:
         return None, "hf_config (weights not sized)"
@@ -147,15 +202,12 @@ def checkpoint(vllm_config: Any) -> tuple[Any, str]:
     )
 
 
-def _device_words(facts: HostFacts, machine: Machine, tp: int) -> str:
-    from vllm_xpu_memfix.startup import host
-
-    used = host.used_gpus(facts, tp)
-    if not used:
+def _device_words(gpus: list[Any], machine: Machine) -> str:
+    if not gpus:
         return "no Intel GPU visible"
     size = machine.device_bytes
     memory = f", {size / GiB:,.1f} GiB" if size else ""
-    return f"{len(used)}x {used[0].product}{memory}"
+    return f"{len(gpus)}x {gpus[0].product}{memory}"
 
 
 def _host_cause(outcome: Any) -> str:
@@ -165,53 +217,96 @@ def _host_cause(outcome: Any) -> str:
     return max(host, key=lambda c: c.gib).code if host else outcome.main_cause
 
 
+def installed_sym_int4() -> str | None:
+    """The source of the sym_int4 module of the vLLM this process runs (Intel's images
+    ship one), found without importing it; None where there is none."""
+    import importlib.util
+
+    from vllm_xpu_memfix.core import files
+    from vllm_xpu_memfix.startup.host import SYM_INT4
+
+    try:
+        spec = importlib.util.find_spec(SYM_INT4)
+    except ImportError:
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return files.read_text(spec.origin, files.LIST_CAP)
+
+
 def this_machine(
-    settings: Settings, args: Any, ckpt: Any, environ: Mapping[str, str]
+    settings: Settings, args: ServeArgs, ckpt: Any, environ: Mapping[str, str]
 ) -> tuple[HostFacts, Machine]:
     """This host's facts and, from them, the machine the start-up model judges (built as
-    doctor builds it: ``startup.host.machine``). ``environ`` already holds the guard's keys."""
+    doctor builds it: ``startup.host.machine``, with the same legacy-load and int4-layout
+    readers). ``environ`` already holds the guard's keys."""
     from vllm_xpu_memfix.startup import host
 
     facts = host.read(settings.sysroot, environ)
     tp = args.tensor_parallel_size
     device, _ = host.device_bytes(host.used_gpus(facts, tp), args.device_memory_gib)
-    slots = host.load_slots(settings, args, False, facts.room, ckpt)
-    machine = host.machine(facts, settings, environ, device_bytes=device, load_slots=slots)
+    sym_int4 = installed_sym_int4()
+    legacy = host.legacy_load(environ, sym_int4)
+    slots = host.load_slots(settings, args, legacy[0], facts.room, ckpt)
+    machine = host.machine(
+        facts,
+        settings,
+        environ,
+        device_bytes=device,
+        load_slots=slots,
+        legacy_load=legacy,
+        int4_layouts=host.int4_layouts(args.quantization, sym_int4)[0],
+    )
     return facts, machine
 
 
-def judge(vllm_config: Any, settings: Settings, environ: Mapping[str, str]) -> tuple[str, Any]:
-    """The preflight line and the outcome, for ``vllm_config`` on this host."""
-    from vllm_xpu_memfix.startup import codes, phases, remedies, sizing
+def judge_xpu(
+    args: ServeArgs, ckpt: Any, source: str, settings: Settings, environ: Mapping[str, str]
+) -> Verdict:
+    """The start-up model on this host's Intel GPUs, as doctor runs it."""
+    from vllm_xpu_memfix.startup import codes, host, phases, remedies, sizing
 
-    args = serve_args(vllm_config)
-    ckpt, source = checkpoint(vllm_config)
     facts, machine = this_machine(settings, args, ckpt, environ)
     outcome = phases.run(sizing.inputs_for(machine, args, ckpt))
     judged = remedies.remedies(outcome, remedies.Context(room=facts.room))
-    device = _device_words(facts, machine, args.tensor_parallel_size)
+    uncertain = [f"{name} not modelled" for name in layout_not_modelled(args)]
+    if facts.room.problem:
+        uncertain.append("host room unreadable")
+    if ckpt is None:
+        uncertain.append("weights not sized")
+    if outcome.main_cause == codes.DRIVER_HOST_COPY and machine.runtime is None:
+        uncertain.append("compute-runtime unknown")
+    verdict = outcome.verdict
+    if verdict in NOT_FITTING and uncertain:
+        verdict = codes.AT_RISK
     where = ""
     if outcome.fails_at:
         where = f" at {outcome.fails_at['phase']} on the {outcome.fails_at['where']}"
-    head = f"vllm-xpu-memfix preflight: {outcome.verdict.upper()}{where}"
-    parts = [f"{head} (TP {args.tensor_parallel_size}, {device})"]
+    gpus = host.used_gpus(facts, args.tensor_parallel_size)
+    essential = [f"{verdict.upper()}{where} (TP {args.tensor_parallel_size})"]
+    details = [_device_words(gpus, machine)]
     if outcome.why:
-        parts.append(outcome.why)
+        details.append(outcome.why)
     if machine.device_bytes is None:
-        parts.append("device not judged (its memory is unknown)")
+        details.append("device not judged (its memory is unknown)")
+    if facts.room.problem:
+        details.append(f"host not judged: {facts.room.problem}")
     if outcome.host_judged and machine.room is not None:
-        parts.append(f"host need {outcome.host_need / GiB:,.1f} GiB of {machine.room / GiB:,.1f}")
-    parts.append(f"main cause {outcome.main_cause}")
+        details.append(f"host need {outcome.host_need / GiB:,.1f} GiB of {machine.room / GiB:,.1f}")
+    essential.append(f"main cause {outcome.main_cause}")
     if outcome.verdict != codes.FITS and judged.remedies:
         first = judged.remedies[0]
-        parts.append(f"first remedy {first.code}: {first.what}")
-    tail = f"; see {DOCS}"
-    line = _fit("; ".join(parts), MAX_RECORD - len(tail)) + tail
-    details = {
+        essential.append(f"first remedy {first.code}")
+        details.insert(1, f"{first.code}: {first.what}")
+    if uncertain:
+        essential.append(f"not certain: {listed(uncertain, 100)}")
+    details_json = {
+        "platform": "xpu",
         "verdict": outcome.verdict,
         "fails_at": outcome.fails_at,
         "why": outcome.why,
         "main_cause": outcome.main_cause,
+        "uncertain": uncertain,
         "checkpoint": source,
         "phases": {
             name: {
@@ -224,7 +319,70 @@ def judge(vllm_config: Any, settings: Settings, environ: Mapping[str, str]) -> t
         "remedies": [r.code for r in judged.remedies],
         "not_helping": [r.code for r in judged.not_helping],
     }
-    return line, (outcome, details)
+    return Verdict(verdict, essential, details, uncertain, outcome.main_cause, details_json)
+
+
+def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) -> Verdict:
+    """vLLM's CPU backend in its own terms (``startup.cpu_backend``): host memory only."""
+    from vllm_xpu_memfix.memory.room import host_room
+    from vllm_xpu_memfix.startup import codes, cpu_backend
+
+    room = host_room(settings.sysroot)
+    workers = int(getattr(vllm_config.parallel_config, "world_size", 1) or 1)
+    kv = float(args.kv_cache_memory_bytes or 0) * workers
+    uncertain = [f"{name} not modelled" for name in layout_not_modelled(args)]
+    if ckpt is None or args.quantization:
+        uncertain.append("weights not sized")
+    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room)
+    if outcome is None:
+        line = "NOT JUDGED on vLLM's CPU backend: host room unreadable"
+        json_ = {"platform": "cpu", "room": None}
+        return Verdict(codes.FITS, [line], [str(room.problem)], [], None, json_)
+    verdict = codes.AT_RISK if outcome.verdict in NOT_FITTING and uncertain else outcome.verdict
+    where = f" at {outcome.phase} on the host" if outcome.phase else ""
+    essential = [f"{verdict.upper()}{where} on vLLM's CPU backend"]
+    details = [outcome.why]
+    if outcome.remedy:
+        essential.append(f"first remedy {outcome.remedy}")
+        if outcome.remedy in codes.REMEDIES:
+            details.append(f"{outcome.remedy}: {codes.REMEDIES[outcome.remedy]}")
+    if uncertain:
+        essential.append(f"not certain: {listed(uncertain, 100)}")
+    json_ = {"platform": "cpu", "verdict": outcome.verdict, "phase": outcome.phase, **outcome.gib}
+    return Verdict(verdict, essential, details, uncertain, None, {**json_, "why": outcome.why})
+
+
+def judge(
+    vllm_config: Any, settings: Settings, environ: Mapping[str, str], engine_args: Any = None
+) -> Verdict | None:
+    """The preflight's verdict for ``vllm_config`` on this host; None where vLLM's platform
+    is neither XPU nor CPU (one INFO line says so)."""
+    platform = platform_of(vllm_config)
+    if platform not in ("xpu", "cpu"):
+        logger.info(
+            "%s not judged: vLLM runs on its %s platform; the preflight judges Intel GPUs "
+            "under vLLM's XPU platform and the host under its CPU backend",
+            HEAD,
+            platform,
+        )
+        return None
+    args = serve_args(vllm_config, engine_args)
+    ckpt, source = checkpoint(vllm_config)
+    if platform == "cpu":
+        return judge_cpu(vllm_config, args, ckpt, settings)
+    return judge_xpu(args, ckpt, source, settings, environ)
+
+
+def line_of(verdict: Verdict, prefix: str = HEAD) -> str:
+    """One record of at most 320 characters: the essential parts whole, the details in
+    what is left, then the pointer to the main cause's section."""
+    tail = f"; see {see(verdict.cause)}" if verdict.cause else ""
+    head = f"{prefix} {'; '.join(verdict.essential)}"
+    room = MAX_RECORD - len(head) - len(tail)
+    details = "; ".join(verdict.details)
+    if details and room > 8:
+        head += _fit(f"; {details}", room)
+    return _fit(head + tail)
 
 
 def _log_details(details: dict[str, Any]) -> None:
@@ -239,85 +397,60 @@ def _log_details(details: dict[str, Any]) -> None:
 def _oom_kills(settings: Settings) -> int | None:
     from vllm_xpu_memfix.memory.snapshot import ProcReader
 
-    return ProcReader(settings.sysroot).vmstat().get("oom_kill")
-
-
-def run_preflight(vllm_config: Any, settings: Settings, state: dict[str, Judgement]) -> None:
-    """Judge, log, and remember; raises only :class:`PreflightRefused`."""
-    from vllm_xpu_memfix.startup import codes
-
-    started = time.time()
     try:
-        line, (outcome, details) = judge(vllm_config, settings, os.environ)
-        state["last"] = Judgement(
-            line, outcome.verdict, _host_cause(outcome), _oom_kills(settings), started
-        )
-    except Exception as exc:  # never into vLLM
-        logger.debug(_fit(f"vllm-xpu-memfix preflight: no verdict (internal error: {exc!r})"))
-        state["last"] = Judgement("", None, None, _safe_oom_kills(settings), started)
-        return
-    (logger.info if outcome.verdict == codes.FITS else logger.warning)("%s", line)
-    _log_details(details)
-    if settings.mode(FIX) is Mode.REFUSE and outcome.verdict in NOT_FITTING:
-        raise PreflightRefused(
-            _fit(f"{line.removeprefix('vllm-xpu-memfix preflight: ')} ({FIX.env}=refuse)")
-        )
-
-
-def _safe_oom_kills(settings: Settings) -> int | None:
-    try:
-        return _oom_kills(settings)
+        return ProcReader(settings.sysroot).vmstat().get("oom_kill")
     except Exception:
         return None
 
 
-def _ledger_rows(directory: Path | None, since: float) -> dict[int, list[dict[str, Any]]]:
-    """This start's ledger rows by process, other than this one's."""
-    by_pid: dict[int, list[dict[str, Any]]] = {}
-    if directory is None or not directory.is_dir():
-        return by_pid
-    for path in directory.glob("ledger-*.jsonl"):
-        for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                row = json.loads(text)
-            except ValueError:
-                continue
-            pid = row.get("pid")
-            if isinstance(pid, int) and pid != os.getpid() and row.get("ts", 0) >= since - 1:
-                by_pid.setdefault(pid, []).append(row)
-    return by_pid
+def run_preflight(
+    vllm_config: Any, settings: Settings, state: dict[str, Judgement], engine_args: Any = None
+) -> None:
+    """Judge, log, and remember; raises only :class:`PreflightRefused`, and only on a
+    verdict that every input was read for and every dimension modelled."""
+    from vllm_xpu_memfix.startup import codes
+
+    started = time.time()
+    try:
+        verdict = judge(vllm_config, settings, os.environ, engine_args)
+    except Exception as exc:  # never into vLLM
+        logger.debug(_fit(f"{HEAD} no verdict (internal error: {exc!r})"))
+        verdict = None
+    line = "" if verdict is None else line_of(verdict)
+    said, cause = (verdict.verdict, verdict.cause) if verdict else (None, None)
+    state["last"] = Judgement(line, said, cause, _oom_kills(settings), started)
+    if verdict is None:
+        return
+    refuse = settings.mode(FIX) is Mode.REFUSE
+    if refuse and verdict.verdict in NOT_FITTING and not verdict.uncertain:
+        stopped = line_of(verdict, f"{HEAD} stopped by {FIX.env}=refuse:")
+        logger.error("%s", stopped)
+        _log_details(verdict.json)
+        raise PreflightRefused(stopped)
+    (logger.info if verdict.verdict == codes.FITS else logger.warning)("%s", line)
+    _log_details(verdict.json)
+    prediction_check.keep(settings, verdict, line)
 
 
 def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseException) -> None:
     """After a failed engine start-up: one line if the kernel's OOM killer acted since
     the preflight, and a ledger row."""
+    from vllm_xpu_memfix.memory import oom_victim
+
     if judgement is None or judgement.oom_kills is None:
         return
     now = _oom_kills(settings)
     if now is None or now <= judgement.oom_kills:
         return
-    rows = _ledger_rows(settings.ledger_dir, judgement.started)
-    last = [r[-1] for r in rows.values() if r]
-    # EngineCore killed: vLLM names it with exit code -9; else a worker was (EngineCore
-    # then exits with 1), the largest by RssAnon as the OOM killer ranks them.
-    role = "engine" if ": -9" in str(error) else "worker"
-    of_role = [r for r in last if str(r.get("role", "")).startswith(role)]
-    victim = max(of_role or last, key=lambda r: r.get("rss_anon") or 0, default=None)
-    if victim is None:
-        who = "a vLLM process (phase unknown: set VLLM_XPU_MEMFIX_LEDGER_DIR to record phases)"
-        memory = ""
-    else:
-        who = f"{victim.get('role')} pid={victim.get('pid')} after phase '{victim.get('phase')}'"
-        available, total = victim.get("mem_available"), victim.get("mem_total")
-        memory = (
-            f"; host then MemAvailable {available / GiB:,.1f} of {total / GiB:,.1f} GiB"
-            if available is not None and total
-            else ""
-        )
+    rows = oom_victim.ledger_rows(settings.ledger_dir, judgement.started)
+    victim = oom_victim.likely_victim(rows, error)
     cause = judgement.cause or "unknown (no preflight verdict)"
+    skipped = f"; {rows.skipped} ledger row(s) skipped, unreadable" if rows.skipped else ""
+    pointer = f"; see {see(judgement.cause)}" if judgement.cause else ""
+    who = oom_victim.victim_words(victim, settings.ledger_dir is not None)
     line = _fit(
         f"vllm-xpu-memfix: start-up failed after the kernel's OOM killer acted (oom_kill "
-        f"{judgement.oom_kills} -> {now}): likely {who}{memory}; likely cause {cause}; see {DOCS}"
+        f"{judgement.oom_kills} -> {now}): likely {who}; likely cause {cause}{skipped}{pointer}"
     )
     logger.error("%s", line)
     if settings.ledger_dir is not None:
@@ -328,10 +461,11 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
             "killed by the OOM killer",
             oom_kill_before=judgement.oom_kills,
             oom_kill_after=now,
-            victim_pid=None if victim is None else victim.get("pid"),
+            victim_pid=None if victim is None else victim["pid"],
             victim_role=None if victim is None else victim.get("role"),
             victim_phase=None if victim is None else victim.get("phase"),
             likely_cause=judgement.cause,
+            ledger_rows_skipped=rows.skipped,
             error=_fit(str(error), 200),
         )
 
@@ -339,9 +473,9 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
 def patches(settings: Settings) -> tuple[Patch, ...]:
     state: dict[str, Judgement] = {}
 
-    def after_config(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
+    def after_config(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         vllm_config = wrapped(*args, **kwargs)
-        run_preflight(vllm_config, settings, state)
+        run_preflight(vllm_config, settings, state, instance)
         return vllm_config
 
     def around_startup(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
@@ -357,6 +491,7 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
     return (
         Patch(FIX.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config", after_config),
         Patch(FIX.key, "vllm.v1.engine.utils:wait_for_engine_startup", around_startup),
+        prediction_check.patch(FIX.key, settings),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vllm_xpu_memfix.core import files
@@ -20,6 +20,7 @@ from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.intel import driver_facts as facts
 
 INTEL_VENDOR = 0x8086
+HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
 
 RUNTIME_PACKAGES = ("intel-opencl-icd", "libze-intel-gpu1", "intel-level-zero-gpu")
 LOADER_PACKAGES = ("libze1", "level-zero")
@@ -44,10 +45,21 @@ _LIB = re.compile(r"libze_intel_gpu\.so\.1\.([0-9]{1,4})\.([0-9]{1,9})", re.ASCI
 
 @dataclass(frozen=True)
 class Gpu:
+    """A PCI device, or under ``ZE_FLAT_DEVICE_HIERARCHY`` one tile of it (``tile``).
+    ``vram_bytes`` is what this device holds: one tile's, or every tile's of a root device."""
+
     card: str
     device_id: int
     pci_slot: str
     vram_bytes: int | None
+    tiles: int = 1
+    tile: int | None = None
+
+    @property
+    def integrated(self) -> bool:
+        """On the root complex's bus (an iGPU is 0000:00:02.0); a discrete GPU is behind a
+        PCIe port, on a bus of its own."""
+        return self.pci_slot.split(":")[-2:-1] == ["00"]
 
     @property
     def family(self) -> str | None:
@@ -154,8 +166,18 @@ def intel_gpus(sysroot: Path) -> list[Gpu]:
             continue
         slot = (_read(card / "device/uevent") or "").partition("PCI_SLOT_NAME=")[2].split("\n")[0]
         vram = _vram_bytes(card / "device/tile0/physical_vram_size_bytes")
-        gpus.append(Gpu(card.name, device, slot.strip() or card.name, vram))
-    return sorted(gpus, key=lambda g: g.pci_slot)
+        gpus.append(Gpu(card.name, device, slot.strip() or card.name, vram, _tiles(card)))
+    return sorted(gpus, key=lambda g: (g.integrated, g.pci_slot))
+
+
+def _tiles(card: Path) -> int:
+    """xe's ``tileN`` directories of a card; at least one."""
+    try:
+        return max(
+            1, sum(bool(re.fullmatch(r"tile\d+", p.name)) for p in (card / "device").iterdir())
+        )
+    except OSError:
+        return 1
 
 
 def _index(text: str) -> int | None:
@@ -192,10 +214,30 @@ def _selected_indices(count: int, environ: Mapping[str, str]) -> set[int]:
     return visible
 
 
+def _devices(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
+    """The devices Level Zero enumerates: every tile under ``ZE_FLAT_DEVICE_HIERARCHY=FLAT``
+    (Level Zero's default), else one root device per GPU holding every
+    tile's memory; ``ZE_AFFINITY_MASK``'s ``i.j`` narrows a root device to its tile ``j``."""
+    hierarchy = environ.get(HIERARCHY, "").strip().upper() or "FLAT"
+    if hierarchy == "FLAT":
+        return [replace(g, tile=t) if g.tiles > 1 else g for g in gpus for t in range(g.tiles)]
+    tiles: dict[int, int] = {}
+    for part in environ.get("ZE_AFFINITY_MASK", "").split(","):
+        root, dot, sub = part.strip().partition(".")
+        if dot and _index(root) is not None and _index(sub) is not None:
+            tiles[int(root)] = tiles.get(int(root), 0) + 1
+    return [
+        replace(g, vram_bytes=g.vram_bytes * tiles.get(i, g.tiles)) if g.vram_bytes else g
+        for i, g in enumerate(gpus)
+    ]
+
+
 def visible_gpus(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
-    """The GPUs vLLM will see, in Level Zero's order (PCI order of the Intel devices)."""
-    keep = _selected_indices(len(gpus), environ)
-    return [gpu for i, gpu in enumerate(gpus) if i in keep]
+    """The devices vLLM's XPU platform will see, in Level Zero's order: discrete GPUs
+    before integrated ones, each in PCI order (as :func:`intel_gpus` lists them)."""
+    devices = _devices(gpus, environ)
+    keep = _selected_indices(len(devices), environ)
+    return [device for i, device in enumerate(devices) if i in keep]
 
 
 def _dpkg_versions(sysroot: Path) -> dict[str, str]:

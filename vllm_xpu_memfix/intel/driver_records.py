@@ -1,6 +1,6 @@
 """What the driver guard (``fixes/driver_env``) logs, from its decision: one finding per
-record, the most serious first, each with doctor's cause code where one applies (as the
-anchor of its section in docs/troubleshooting.md) and within ``log.LIMIT`` characters.
+record, the most serious first, each with doctor's cause code where one applies (``log.see``:
+``vllm-xpu-memfix explain CODE``) and within ``log.LIMIT`` characters.
 
 The order: compute-runtime #916's failure (every allocation fails), the host copy the
 driver will pin, a value not understood, then what the guard set and why; details at
@@ -142,7 +142,7 @@ def applied(role: str, decision: Decision, loaded: list[str], interim: bool) -> 
                 level,
                 f"{HEAD}: the Intel driver is already loaded here ({loaded[0]}): the variables "
                 "take effect in the processes this one spawns, not in this one nor in Ray "
-                "workers (docs/multi-node.md)",
+                "workers (vllm-xpu-memfix ray-env prints them for Ray)",
             )
         )
     if NO_PEER in decision.env:
@@ -203,7 +203,7 @@ def too_late(role: str, seen: Decision, late: dict[str, str], loaded: list[str])
     # RayExecutorV2.initialize_worker) run after the worker has resolved the platform.
     error = (
         f"{HEAD} cannot take effect in this {role}: {what}; {lost}. Set them before the "
-        f"process starts (docs/multi-node.md).{pointer}"
+        f"process starts (vllm-xpu-memfix ray-env prints them).{pointer}"
     )
     return [
         *host_findings(seen),

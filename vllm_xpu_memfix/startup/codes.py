@@ -60,7 +60,7 @@ CAUSES = {
     "(llm-scaler #703: 'Tried to allocate 122.00 MiB' in _dummy_sampler_run)",
     DEVICE_OVERCOMMIT: "weights + KV cache + activations (+ the warm-up) above the device's memory",
     PROCESS_BASELINE: "host memory of the vLLM processes themselves (Python, torch, oneCCL), "
-    "taken as 3.5 GiB a rank (an assumption: see docs/doctor.md)",
+    "taken as 3.5 GiB a rank (an assumption, not a measurement)",
     TP_EXCEEDS_GPUS: "--tensor-parallel-size larger than the GPUs visible to vLLM: it refuses "
     "to start",
 }

@@ -14,11 +14,15 @@ from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import catalog, driver
+from vllm_xpu_memfix.intel import int4_layouts as layouts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint
 from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
 from vllm_xpu_memfix.startup import staging
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
+
+OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
+SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,37 @@ def device_bytes(gpus: list[driver.Gpu], override_gib: float | None) -> tuple[in
     if known:
         return int(min(known) * GiB), "product table (assumed)"
     return None, "unknown: pass --device-memory-gib"
+
+
+def legacy_load(environ: Mapping[str, str], sym_int4: str | None) -> tuple[bool, str]:
+    """Whether sym_int4 will buffer each rank's whole 16-bit shard on the host, and why,
+    from the installed module's source ``sym_int4`` (None: not installed).
+
+    Only where that module reads ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT``: the 0.14 and 0.21
+    images' does; the 0.26 images' no longer does, though their Dockerfiles still set it
+    (llm-scaler #672).
+    """
+    if environ.get(OFFLOAD) != "1":
+        return False, f"{OFFLOAD} unset: one layer in flight"
+    if sym_int4 is None:
+        return False, f"{OFFLOAD}=1, but no sym_int4 is installed here to read it"
+    if OFFLOAD not in sym_int4:
+        return False, f"{OFFLOAD}=1 is stale: this sym_int4 never reads it (llm-scaler #672)"
+    return True, f"{OFFLOAD}=1: sym_int4's legacy load holds the whole 16-bit shard"
+
+
+def int4_layouts(quantization: str | None, sym_int4: str | None) -> tuple[int, str]:
+    """Device layouts per sym_int4 weight of the installed module (source ``sym_int4``),
+    and where that was read: two in 0.21.0-b1's (registered inline), one otherwise; told
+    from its structure (intel/int4_layouts). ``(1, "")`` for any other quantization."""
+    if (quantization or "").lower() != "sym_int4":
+        return 1, ""
+    if sym_int4 is None:
+        return 1, "assumed one layout: no sym_int4 is installed here"
+    recognised = layouts.recognise(layouts.shape_of_source(sym_int4))
+    if recognised.layout is layouts.INLINE_REGISTRATION:
+        return 2, f"the installed sym_int4 ({recognised.layout.key}): two layouts"
+    return 1, f"the installed sym_int4 ({recognised.why}): one layout"
 
 
 def kv_headroom_on(settings: Settings | None, plugin: bool, visible: list[driver.Gpu]) -> bool:
@@ -103,7 +138,6 @@ def machine(
     load_slots: int | None,
     legacy_load: tuple[bool, str] = (False, ""),
     plugin: bool = True,
-    described: bool = False,
     p2p: bool | None = None,
     int4_layouts: int = 1,
 ) -> Machine:
@@ -111,8 +145,8 @@ def machine(
     (this host or a described one, ``facts.Measurement.machine``) and the preflight (this
     host) both use. ``environ`` is what the serving processes start with, the driver
     guard's keys in it; ``device_bytes`` and ``load_slots`` as sized by
-    :func:`device_bytes` and :func:`load_slots`. A room a ``described`` machine does not
-    give stays unknown (None); this host's unreadable room counts as none (0)."""
+    :func:`device_bytes` and :func:`load_slots`. A room that could not be read, here or in
+    a host file, stays unknown (None): the host side is then not judged."""
     room = facts.room.bytes
     return Machine(
         gpus_visible=len(facts.visible),
@@ -121,7 +155,7 @@ def machine(
         runtime=facts.runtime,
         kernel=facts.kernel,
         environ=dict(environ),
-        room=None if room is None and described else float(room or 0),
+        room=None if room is None else float(room),
         swap=float(facts.snap.swap_free or 0),
         p2p=p2p,
         plugin=plugin,

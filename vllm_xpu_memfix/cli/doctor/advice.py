@@ -64,7 +64,7 @@ def _model_notes(ckpt: Checkpoint, args: ServeArgs) -> list[str]:
 def notes_for(measured: Measurement, outcome: Outcome, args: ServeArgs) -> list[str]:
     notes = []
     if measured.room.problem and measured.described is None:
-        notes.append(f"the host's room could not be read ({measured.room.problem}): taken as 0")
+        notes.append(f"the host's room could not be read ({measured.room.problem}): not judged")
     ckpt = measured.ckpt
     if ckpt is not None:
         notes += _model_notes(ckpt, args)

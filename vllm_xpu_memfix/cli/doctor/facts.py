@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, driver
@@ -21,10 +22,9 @@ from vllm_xpu_memfix.memory.checkpoint import (
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.memory.snapshot import Snapshot
 from vllm_xpu_memfix.startup import host
+from vllm_xpu_memfix.startup.host import OFFLOAD
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs
 
-OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
-SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 # The variables that change how much host memory a start takes, shown when set.
 RELEVANT_ENV = (
     "NEOReadDebugKeys",
@@ -97,46 +97,9 @@ class Measurement:
             load_slots=self.load_slots,
             legacy_load=self.legacy,
             plugin=self.plugin,
-            described=self.described is not None,
             p2p=self.p2p,
             int4_layouts=self.int4_layouts,
         )
-
-
-def legacy_load(environ: Mapping[str, str]) -> tuple[bool, str]:
-    """Whether sym_int4 will buffer each rank's whole 16-bit shard on the host, and why.
-
-    Only where the installed module reads ``VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT``: the 0.14
-    and 0.21 images' does; the 0.26 images' no longer does, though their Dockerfiles
-    still set it (llm-scaler #672).
-    """
-    from vllm_xpu_memfix.cli import compat
-
-    if environ.get(OFFLOAD) != "1":
-        return False, f"{OFFLOAD} unset: one layer in flight"
-    root = compat.installed_vllm_root()
-    source = compat.module_source(root, SYM_INT4) if root is not None else None
-    if source is None:
-        return False, f"{OFFLOAD}=1, but no sym_int4 is installed here to read it"
-    if OFFLOAD not in source:
-        return False, f"{OFFLOAD}=1 is stale: this sym_int4 never reads it (llm-scaler #672)"
-    return True, f"{OFFLOAD}=1: sym_int4's legacy load holds the whole 16-bit shard"
-
-
-def installed_int4_layouts() -> tuple[int, str]:
-    """Device layouts per sym_int4 weight of the installed module: two in 0.21.0-b1's
-    (registered inline), one otherwise; told from its structure (intel/int4_layouts)."""
-    from vllm_xpu_memfix.cli import compat
-    from vllm_xpu_memfix.intel import int4_layouts
-
-    root = compat.installed_vllm_root()
-    source = compat.module_source(root, SYM_INT4) if root is not None else None
-    if source is None:
-        return 1, "assumed one layout: no sym_int4 is installed here"
-    recognised = int4_layouts.recognise(int4_layouts.shape_of_source(source))
-    if recognised.layout is int4_layouts.INLINE_REGISTRATION:
-        return 2, f"the installed sym_int4 ({recognised.layout.key}): two layouts"
-    return 1, f"the installed sym_int4 ({recognised.why}): one layout"
 
 
 def _params_dtype(args: ServeArgs) -> str:
@@ -181,10 +144,10 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     device_bytes, device_source = host.device_bytes(
         host.used_gpus(read, args.tensor_parallel_size), args.device_memory_gib
     )
-    legacy = legacy_load(environ)
-    layouts = (
-        installed_int4_layouts() if (args.quantization or "").lower() == "sym_int4" else (1, "")
-    )
+    root = compat.installed_vllm_root()
+    sym_int4 = compat.module_source(root, host.SYM_INT4) if root is not None else None
+    legacy = host.legacy_load(environ, sym_int4)
+    layouts = host.int4_layouts(args.quantization, sym_int4)
     ckpt, model_label = read_model(args)
     return Measurement(
         snap=read.snap,

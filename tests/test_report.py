@@ -1,0 +1,197 @@
+"""``vllm-xpu-memfix report``: the machine as the recorded trees give it, redaction, bad ledger
+files, and, on a real vLLM server, the preflight's prediction beside what was measured at
+ready (the at-ready line and its ledger row).
+
+No Intel GPU host can be reached from here: the GPUs, driver and kernel come from the
+constructed sysfs/dpkg/proc trees of ``tests/hosts.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.odd_files import fifo, within
+from hosts import B70, build_host
+
+from vllm_xpu_memfix.cli import report
+from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.startup import prediction_check
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_report(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with vLLM and torch unimportable: report reads metadata, never imports them."""
+    code = (
+        "import sys; sys.modules['vllm'] = sys.modules['torch'] = None; "
+        "from vllm_xpu_memfix.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "report", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env},
+    )
+
+
+def cell(text: str, name: str) -> str:
+    (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} |")]
+    return row.split(" | ", 1)[1].rstrip(" |")
+
+
+def test_the_machine_comes_from_the_sysroot_without_vllm(tmp_path):
+    host = build_host(tmp_path / "host", [B70, B70], runtime="26.14.37833.4", kernel="6.14.0-29")
+    result = run_report({"VLLM_XPU_MEMFIX_SYSROOT": str(host)})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert cell(out, "GPUs").startswith("2x Arc Pro B70 (0xe223), 32.0 GiB each")
+    assert cell(out, "compute-runtime").startswith("26.14.37833.4-1~24.04 (dpkg: ")
+    assert cell(out, "Level Zero loader") == "1.28.2-1~24.04"
+    assert cell(out, "kernel") == "6.14.0-29"
+    assert cell(out, "host memory").startswith("MemTotal 128.0 GiB; room 120.0 GiB")
+    assert "no ledger: set VLLM_XPU_MEMFIX_LEDGER_DIR" in out
+
+
+def test_secrets_homes_and_the_host_name_are_redacted(tmp_path):
+    host = build_host(tmp_path / "host", [B70])
+    env = {
+        "VLLM_XPU_MEMFIX_SYSROOT": str(host),
+        "HF_TOKEN": "hf_s3cr3t_value",
+        "VLLM_API_KEY": "api-k3y-value",
+        "MY_DB_PASSWORD": "pw-value-123",
+        "NEOReadDebugKeys": "1",
+        "VLLM_XPU_MEMFIX_LEDGER_DIR": "/home/alice/ledger",
+        "HOME": "/home/alice",
+    }
+    out = run_report(env).stdout
+    for value in ("hf_s3cr3t_value", "api-k3y-value", "pw-value-123", "/home/alice"):
+        assert value not in out
+    assert "HF_TOKEN=<redacted>" in out and "MY_DB_PASSWORD=<redacted>" in out
+    assert "NEOReadDebugKeys=1" in out and "VLLM_XPU_MEMFIX_LEDGER_DIR=~/ledger" in out
+    name = socket.gethostname()
+    assert cell(out, "host name").startswith("<hostname>")
+    assert cell(run_report(env, "--hostname").stdout, "host name") == name
+
+
+def test_bad_ledger_files_are_counted_never_fatal(tmp_path):
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    fifo(ledger / "ledger-h-1.jsonl")
+    (ledger / "ledger-h-2.jsonl").mkdir()
+    with (ledger / "ledger-h-3.jsonl").open("wb") as huge:
+        huge.truncate(report.LEDGER_FILE_CAP + 1)
+    row = {"phase": "process start", "pid": 4, "role": "worker-0", "rank": 0, "ts": 100.0}
+    (ledger / "ledger-h-4.jsonl").write_text(
+        json.dumps(row) + "\nnot json\n[1, 2]\n" + json.dumps({**row, "ts": "x"}) + "\n"
+    )
+    read = within(30, lambda: report.read_ledger(ledger))
+    assert len(read.skipped_files) == 3 and read.junk_lines == 3 and read.rows == [row]
+    host = build_host(tmp_path / "host", [])
+    result = within(
+        60, lambda: run_report({"VLLM_XPU_MEMFIX_SYSROOT": str(host)}, "--ledger", str(ledger))
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "- not read: 3 file(s)" in result.stdout
+        and "3 line(s) that are no ledger row" in result.stdout
+    )
+
+
+def test_the_last_start_is_the_newest_preflight_on():
+    rows = [
+        {"phase": "preflight", "ts": 10.0, "pid": 1},
+        {"phase": "process start", "ts": 11.0, "pid": 2},
+        {"phase": "preflight", "ts": 500.0, "pid": 3},
+        {"phase": "process start", "ts": 501.0, "pid": 4},
+    ]
+    assert [r["pid"] for r in report.last_start(rows)] == [3, 4]
+    without = [r for r in rows if r["phase"] == "process start"]
+    assert [r["pid"] for r in report.last_start(without)] == [4]
+
+
+@pytest.mark.server
+def test_a_real_start_logs_the_prediction_beside_the_measurement_and_report_shows_it(
+    tiny_model, tmp_path
+):
+    """vLLM's API server with the plugin and a ledger: at ready, one INFO line with the
+    predicted host need, the measured tree's PSS and their ratio; the API server's ledger
+    keeps both; report shows the preflight, the line and the worker's phases."""
+    from vllm_xpu_memfix.cli.demo.server import Server
+
+    ledger = tmp_path / "ledger"
+    env = {"VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger)}
+    with Server(tiny_model, tmp_path / "server.log", env=env) as server:
+        server.wait_ready()
+        log = server.log_text()
+    (line,) = [x for x in log.splitlines() if "vllm-xpu-memfix: ready; preflight" in x]
+    assert " INFO " in line and len(line.split("] ", 1)[1]) <= 320
+    rows = [
+        json.loads(x) for p in ledger.glob("ledger-*.jsonl") for x in p.read_text().splitlines()
+    ]
+    (ready,) = [r for r in rows if r["phase"] == prediction_check.READY and "predicted_host" in r]
+    (predicted,) = [r for r in rows if r["phase"] == prediction_check.PREDICTED]
+    assert ready["predicted_host"] == predicted["predicted_host"] > 0
+    assert ready["measured_host"] == ready["tree_anon_pss"] > 0
+    ratio = ready["measured_host"] / ready["predicted_host"]
+    assert f"measured {ready['measured_host'] / GiB:,.2f} GiB" in line
+    assert line.endswith(f"{ratio:.2f}x")
+    out = run_report({"VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger)}).stdout
+    assert f"- preflight: `{predicted['line']}`" in out
+    assert ready["line"] in out
+    (kv,) = [x for x in out.splitlines() if x.startswith("| kv_cache (KV cache allocated) |")]
+    worker = next(r for r in rows if r["phase"] == "KV cache allocated")
+    assert re.search(rf"\| {worker['rss_anon'] / GiB:,.2f} / - \|", kv), kv
+
+
+def test_at_ready_puts_the_device_beside_the_workers_vram_and_keeps_a_row(tmp_path):
+    """The device side comes from this start's worker rows (DRM drm-total-vram); rows from
+    before the preflight, junk and a FIFO are passed over."""
+    from vllm_xpu_memfix.core import config
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    fifo(ledger / "ledger-h-9.jsonl")
+    old = {"phase": "warm-up done", "pid": 7, "ts": 10.0, "drm_total_vram": 31 * GiB}
+    new = {"phase": "warm-up done", "pid": 8, "ts": 1000.0, "drm_total_vram": 27 * GiB}
+    (ledger / "ledger-h-8.jsonl").write_text(f"{json.dumps(old)}\n{{junk\n{json.dumps(new)}\n")
+    host = build_host(tmp_path / "host", [B70])
+    env = {"VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger), "VLLM_XPU_MEMFIX_SYSROOT": str(host)}
+    settings = config.load(env)
+    prediction = prediction_check.Prediction("fits", 8 * GiB, 30 * GiB, None, 500.0)
+    line = within(30, lambda: prediction_check.at_ready(settings, prediction))
+    assert line.startswith("vllm-xpu-memfix: ready; preflight (fits) vs measured, host: ")
+    assert line.endswith("device a rank: predicted 30.00 GiB, measured 27.00: 0.90x")
+    assert len(line) <= 320
+    (row,) = [
+        json.loads(x)
+        for p in ledger.glob("ledger-*-*.jsonl")
+        if p.is_file() and p.name != "ledger-h-8.jsonl"
+        for x in p.read_text().splitlines()
+    ]
+    assert row["phase"] == "ready" and row["measured_device"] == 27 * GiB
+    assert row["line"] == line and row["predicted_host"] == 8 * GiB
+
+
+def test_the_prediction_kept_is_the_verdicts_largest_phase(tmp_path):
+    from vllm_xpu_memfix.core import config
+    from vllm_xpu_memfix.fixes.preflight import Verdict
+
+    host = build_host(tmp_path / "host", [B70])
+    settings = config.load({"VLLM_XPU_MEMFIX_SYSROOT": str(host)})
+    phases = {
+        "load": {"host_gib": 12.5, "device_gib": 20.0},
+        "kv_cache": {"host_gib": 40.0, "device_gib": 29.0},
+        "warmup": {"host_gib": 41.0, "device_gib": None},
+    }
+    prediction_check.keep(settings, Verdict("at risk", [], [], [], None, {"phases": phases}), "x")
+    (kept,) = prediction_check._KEPT
+    assert (kept.verdict, kept.host_bytes, kept.device_bytes) == ("at risk", 41 * GiB, 29 * GiB)
+    prediction_check.keep(settings, Verdict("fits", [], [], [], None, {"platform": "cpu"}), "y")
+    assert prediction_check._KEPT == []

@@ -1,0 +1,95 @@
+"""After a start-up the kernel's OOM killer cut short: which process it most likely took,
+from the ledger's rows (``VLLM_XPU_MEMFIX_LEDGER_DIR``). The files are another process's
+output, read as hostile: through ``core.files`` (bounded, regular files only, never
+blocking on a FIFO), a row that is not one skipped and counted, a live process never
+named, every string from a row escaped before it reaches a log line."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_xpu_memfix.core import files
+from vllm_xpu_memfix.core.numbers import printable
+from vllm_xpu_memfix.core.units import GiB
+
+# One ledger file's most: a start-up writes a few hundred rows of about 400 bytes each.
+LEDGER_CAP = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class LedgerRows:
+    """This start's last row of each process but this one, and the rows skipped."""
+
+    last: list[dict[str, Any]]
+    skipped: int
+
+
+def _row_or_none(text: str, since: float) -> dict[str, Any] | None:
+    """A ledger row of this start (a JSON object with an int pid, a number ts), or None."""
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(row, dict) or type(row.get("pid")) is not int:
+        return None
+    ts = row.get("ts")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < since - 1:
+        return None
+    return row
+
+
+def ledger_rows(directory: Path | None, since: float) -> LedgerRows:
+    """The ledger files read through ``core.files`` (regular files only, bounded, never
+    blocking on a FIFO); a line that is not one of this start's rows is skipped and
+    counted, and a file that cannot be read counts as one skipped row."""
+    by_pid: dict[int, dict[str, Any]] = {}
+    skipped = 0
+    if directory is None or not directory.is_dir():
+        return LedgerRows([], 0)
+    for path in sorted(directory.glob("ledger-*.jsonl")):
+        try:
+            text = files.read_text(path, LEDGER_CAP)
+        except OSError:
+            skipped += 1
+            continue
+        for line in text.splitlines():
+            row = _row_or_none(line, since)
+            if row is None:
+                skipped += bool(line.strip())
+            elif row["pid"] != os.getpid():
+                by_pid[row["pid"]] = row  # rows are appended: the last one read is the latest
+    return LedgerRows(list(by_pid.values()), skipped)
+
+
+def _number(row: dict[str, Any], key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def likely_victim(rows: LedgerRows, error: BaseException) -> dict[str, Any] | None:
+    """The process the OOM killer most likely took: of those no longer alive, EngineCore
+    where vLLM names its exit code -9, else a worker (EngineCore then exits with 1); the
+    largest by its last RssAnon, as the killer ranks them. A live process is never named."""
+    import psutil
+
+    dead = [r for r in rows.last if not psutil.pid_exists(r["pid"])]
+    role = "engine" if ": -9" in str(error) else "worker"
+    of_role = [r for r in dead if str(r.get("role", "")).startswith(role)]
+    return max(of_role or dead, key=lambda r: _number(r, "rss_anon"), default=None)
+
+
+def victim_words(victim: dict[str, Any] | None, ledger_set: bool) -> str:
+    """``worker-0 pid=7 after phase 'weights loaded'; host then MemAvailable ...``."""
+    if victim is None:
+        unrecorded = "" if ledger_set else ": set VLLM_XPU_MEMFIX_LEDGER_DIR to record phases"
+        return f"a vLLM process (phase unknown{unrecorded})"
+    role, phase = printable(str(victim.get("role")), 40), printable(str(victim.get("phase")), 60)
+    words = f"{role} pid={victim['pid']} after phase '{phase}'"
+    available, total = _number(victim, "mem_available"), _number(victim, "mem_total")
+    if available and total:
+        words += f"; host then MemAvailable {available / GiB:,.1f} of {total / GiB:,.1f} GiB"
+    return words
