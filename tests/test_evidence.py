@@ -561,18 +561,11 @@ def homeless(doc: Path) -> list[str]:
 
 
 USER_DOCS = [README, *(ROOT / "docs" / n for n in sorted(test_docs.USER_DOCS))]
-# exp47 owns troubleshooting.md (moving into package data): its figures without a home are
-# listed in issue 47's audit report; this mark goes when they have one.
-PENDING = {"troubleshooting.md"}
 
 
 @pytest.mark.parametrize(
     "doc",
-    [
-        pytest.param(d, marks=pytest.mark.xfail(strict=True)) if d.name in PENDING else d
-        for d in USER_DOCS
-        if d.name not in ("fixes.md", "compat.md")  # the home itself; generated
-    ],
+    [d for d in USER_DOCS if d.name not in ("fixes.md", "compat.md")],  # the home; generated
     ids=lambda d: str(d.relative_to(ROOT)),
 )
 def test_every_figure_of_the_user_docs_has_its_home(doc):

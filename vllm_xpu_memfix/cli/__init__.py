@@ -48,7 +48,8 @@ INTERVAL_S = Bounds(0.01, 3600, unit="seconds")
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vllm-xpu-memfix",
-        description="The vllm-xpu-memfix plugin's commands (docs/commands.md).",
+        description="The vllm-xpu-memfix plugin's commands; each has --help, and "
+        "`vllm-xpu-memfix explain CODE` explains a code a log record names.",
     )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -250,7 +250,7 @@ IMAGES = (
         "host-round-trip (0.21 b2), assumed",
         dict(_SET_021),
         _RUNTIME_021,
-        "llm-scaler #618 (the image's own, not the host's 26.27)",
+        "llm-scaler #618, compute-runtime #968 (the image's own; #968's host had 26.27)",
     ),
     Image(
         "0.26.0-b1",
