@@ -2,7 +2,8 @@
 
 Takes ``vllm serve MODEL ARGS...`` and ``python -m vllm.entrypoints.openai.api_server
 --model MODEL ARGS...``, flags as ``--flag value`` or ``--flag=value``. The flags that
-change memory are modelled; every other one is kept, as given, in ``not_modelled``.
+change memory are modelled; those ``startup.domain`` holds not modelled are kept, as given,
+in ``not_modelled`` (the preflight names the same from the table); the rest change no memory.
 
 :data:`MODELLED` is also the table of doctor's own serve flags (``cli.build_parser`` adds
 one option per field, read by :func:`value_of`), so a flag means the same before and
@@ -18,6 +19,7 @@ from typing import Any
 
 from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
 from vllm_xpu_memfix.core.numbers import Bounds, refusal
+from vllm_xpu_memfix.startup import domain
 
 
 class ServeLineError(ValueError):
@@ -188,10 +190,12 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
             takes_value = (
                 not has_value
                 and flag not in SWITCHES
+                and not flag.startswith("--no-")
                 and i + 1 < len(args)
                 and not args[i + 1].startswith("-")
             )
-            other.append(f"{word} {args[i + 1]}" if takes_value else word)
+            if domain.side_of(flag) is not None:
+                other.append(f"{word} {args[i + 1]}" if takes_value else word)
             i += 1 if takes_value else 0
         i += 1
     if positional:
