@@ -33,7 +33,8 @@ def _names(text: str) -> tuple[str, ...]:
 _MODELLED = _names(
     """model tensor_parallel_size gpu_memory_utilization quantization dtype max_model_len
     max_num_seqs max_num_batched_tokens kv_cache_memory_bytes max_parallel_loading_workers
-    kv_cache_dtype"""
+    kv_cache_dtype pipeline_parallel_size data_parallel_size data_parallel_size_local nnodes
+    node_rank enable_expert_parallel distributed_executor_backend cpu_offload_gb"""
 )
 _NO_EFFECT = _names(
     """return_sampling_mask served_model_name tokenizer skip_tokenizer_init
@@ -78,7 +79,7 @@ _NOT_MODELLED = {
     DEVICE: _names(
         """enable_return_routed_experts runner convert cudagraph_capture_sizes
         max_cudagraph_capture_size device_ids dcp_q_replicate enable_hc_sp
-        enable_expert_parallel enable_batch_sharded_sampling enable_ep_weight_filter
+         enable_batch_sharded_sampling enable_ep_weight_filter
         moe_backend linear_backend sparse_indexer_topk_backend all2all_backend
         enable_elastic_ep elastic_ep_max_dp_size enable_dbo ubatch_size eplb_config
         enable_eplb disable_sliding_window max_num_scheduled_tokens max_num_active_seqs
@@ -100,11 +101,9 @@ _NOT_MODELLED = {
         kda_prefill_backend kda_decode_backend enable_extensible_kv_cache monokernel"""
     ),
     BOTH: _names(
-        """model_weights hf_config_path load_format distributed_executor_backend
-        pipeline_parallel_size nnodes node_rank prefill_context_parallel_size
-        decode_context_parallel_size data_parallel_size data_parallel_rank
-        data_parallel_start_rank data_parallel_size_local data_parallel_external_lb
-        data_parallel_backend offload_backend cpu_offload_gb cpu_offload_params
+        """model_weights hf_config_path load_format prefill_context_parallel_size
+        decode_context_parallel_size data_parallel_rank data_parallel_start_rank
+        data_parallel_external_lb data_parallel_backend offload_backend cpu_offload_params
         offload_group_size offload_num_in_group offload_prefetch_step offload_params revision
         hf_overrides quantization_config mm_tensor_ipc model_loader_extra_config worker_cls
         worker_extension_cls kv_transfer_config ec_transfer_config ec_manager_config
