@@ -5,6 +5,7 @@ the two together). A code is never renamed: scripts match on it."""
 from __future__ import annotations
 
 from vllm_xpu_memfix.core.causes import (
+    CONTEXT_EXCEEDS_KV_CACHE,
     DEVICE_OVERCOMMIT,
     DRIVER_HOST_COPY,
     DUPLICATE_INT4_LAYOUT,
@@ -12,6 +13,7 @@ from vllm_xpu_memfix.core.causes import (
     QUANT_STAGING,
     SAMPLER_BURST,
     TP_EXCEEDS_GPUS,
+    VLLM_REFUSES,
     XE_PEER_CONTEXT_OOM,
 )
 from vllm_xpu_memfix.intel import driver_facts as dfacts
@@ -39,8 +41,6 @@ HOST, DEVICE = "host", "device"
 
 # --- causes ----------------------------------------------------------------------------
 
-VLLM_REFUSES = "vllm_refuses"
-CONTEXT_EXCEEDS_KV_CACHE = "context_exceeds_kv_cache"
 
 # The names live in core.causes (the fixes' log records give them too); the meanings here.
 

@@ -481,14 +481,17 @@ def _capped(inp: Inputs, side: str, why: str) -> str | None:
     flags = unmodelled_on(inp, side)
     if not flags:
         return None
-    named = ", ".join(flags[:3]) + (" ..." if len(flags) > 3 else "")
+    names = [flag.split("=")[0].split(" ")[0] for flag in flags]
+    named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
     return f"{why}; not modelled on the {side}: {named}, so at most at risk"
 
 
 def _fitted(inp: Inputs) -> str:
     tokens = inp.kv_tokens
-    if not inp.max_model_len_fitted or tokens is None:
+    if not inp.max_model_len_fitted:
         return ""
+    if tokens is None:
+        return "--max-model-len fitted to the KV cache (its size in tokens not known)"
     length = min(tokens, inp.model_max_len or tokens)
     return f"--max-model-len fitted to the KV cache: about {length:,} tokens"
 

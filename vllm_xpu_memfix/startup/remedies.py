@@ -169,21 +169,27 @@ def _more_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     """The smallest larger TP, over as many GPUs, with which the start-up fits (or does
     better)."""
     inp = out.inputs
-    visible = min(inp.tp, inp.gpus_in_context or inp.tp)
+    if model.ranks_over_gpus(inp):
+        return []  # the GPUs it has are too few already: tp_for_visible_gpus
+    visible = min(inp.host_ranks, inp.gpus_in_context or inp.host_ranks)
     found = _first_better(out, _gpu_tries(inp, visible))
     return [(codes.MORE_GPUS, found[1], found[2], found[0])] if found else []
 
 
 def _gpu_tries(inp: model.Inputs, visible: int) -> list[tuple[model.Inputs, str, str]]:
-    return [
-        (
-            with_tp(inp, tp),
-            f"--tensor-parallel-size {tp} on {tp} GPUs",
-            f"{tp - visible} more GPU(s); TP must divide the attention heads",
-        )
-        for tp in _tp_sizes(inp)
-        if tp > inp.tp
-    ]
+    tries = []
+    for tp in _tp_sizes(inp):
+        if tp > inp.tp:
+            changed = with_tp(inp, tp)
+            ranks = changed.host_ranks
+            tries.append(
+                (
+                    changed,
+                    f"--tensor-parallel-size {tp} on {ranks} GPUs",
+                    f"{ranks - visible} more GPU(s); TP must divide the attention heads",
+                )
+            )
+    return tries
 
 
 def _tp_for_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
@@ -469,7 +475,7 @@ def _combination(
     """Where no one remedy makes the start-up fit: the cheapest pair that does (cost order
     first, then fewest GPUs)."""
     inp = out.inputs
-    visible = min(inp.tp, inp.gpus_in_context or inp.tp)
+    visible = min(inp.host_ranks, inp.gpus_in_context or inp.host_ranks)
     moves = list(found)
     moves += [(codes.MORE_GPUS, w, c, i) for i, w, c in _gpu_tries(inp, visible)]
     moves += [(codes.QUANTIZE, w, c, i) for i, w, c in _quantize_tries(inp)]

@@ -93,9 +93,13 @@ def _outcome_lines(report: Report) -> list[str]:
 
 
 def _remedy_line(remedy: dict[str, Any]) -> str:
+    removes = remedy.get("removes") or []
+    gone = (
+        f"; removes {', '.join(removes)}" if removes and remedy["verdict_after"] != "fits" else ""
+    )
     return (
         f"  {remedy['code']}: {remedy['what']} -> {remedy['verdict_after']}, host "
-        f"{_figure(remedy['host_need_after_gib'])}; cost: {remedy['cost']}"
+        f"{_figure(remedy['host_need_after_gib'])}{gone}; cost: {remedy['cost']}"
     )
 
 
