@@ -12,13 +12,14 @@ import shutil
 import struct
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_startup import B60, B70, GiB, machine
 
 from vllm_xpu_memfix.cli.doctor import serveline
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError, read_checkpoint
-from vllm_xpu_memfix.startup import codes, formats, phases, remedies, sizing
+from vllm_xpu_memfix.startup import codes, formats, phases, remedies, resizing, sizing
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 # Parameters of each checkpoint, from its model card.
@@ -357,4 +358,37 @@ def test_more_gpus_only_offers_a_tp_that_divides_the_heads(tmp_path):
     tp = int(more.what.split()[1])
     assert 64 % tp == 0 and more.after.verdict == codes.FITS
     inputs = phases.Inputs(tp=1, utilization=0.9, device_bytes=B60, attention_heads=40)
-    assert remedies._tp_sizes(inputs) == [2, 4, 8]
+    assert resizing.tp_sizes(inputs) == [2, 4, 8]
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0}])
+def test_the_models_context_and_its_refusal_are_vllms_own(tmp_path, name, rope):
+    """The installed vLLM's own derivation (vllm/config/model.py:_get_and_verify_max_len)
+    run on the same config.json gives the same length, and refuses the same lengths."""
+    pytest.importorskip("vllm.config")
+    transformers = pytest.importorskip("transformers")
+    from vllm.config.model import _get_and_verify_max_len
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        ModelArchConfigConvertorBase,
+    )
+
+    from vllm_xpu_memfix.startup import context
+
+    config = json.loads((CONFIGS / f"{name}.json").read_text())
+    if rope is not None and config.get("rope_scaling") is None:
+        config["rope_scaling"] = rope
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    convertor = ModelArchConfigConvertorBase(hf, hf.get_text_config())
+    arch = SimpleNamespace(derived_max_model_len_and_key=convertor.derive_max_model_len_and_key())
+    theirs = _get_and_verify_max_len(hf, arch, None, None, False, None)
+    ours = context.model_max_len(config)
+    assert ours is not None and ours[0] == theirs
+    for asked in (theirs, theirs + 1):
+        try:
+            _get_and_verify_max_len(hf, arch, None, asked, False, None)
+            refused = False
+        except ValueError:
+            refused = True
+        assert bool(context.refusal(asked, config, {})) == refused, asked
