@@ -95,16 +95,29 @@ def test_every_method_of_vllms_quantization_registry_is_sized_or_said_unknown():
 
 
 def test_an_unknown_method_leaves_the_device_unjudged(tmp_path):
-    """A method the table cannot size is never sized as 16-bit: no device verdict."""
+    """A method the table cannot size (compressed-tensors without its config_groups, which
+    XPU serves) is never sized as 16-bit: no device verdict."""
+    directory = tmp_path / "unsized-model"
+    directory.mkdir()
+    config = json.loads((CONFIGS / "qwen3-32b.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (directory / "config.json").write_text(json.dumps(config))
+    ckpt = read_checkpoint(directory, int(PARAMS["qwen3-32b"]))
+    args = sizing.ServeArgs(model=str(directory))
+    out = phases.run(sizing.inputs_for(machine(1, 8 * GiB), args, ckpt))
+    assert not out.device_judged and out.verdict == codes.FITS
+    assert out.inputs.prequantized and codes.QUANTIZE not in helping(out)
+
+
+def test_a_method_xpu_does_not_serve_is_vllms_refusal(tmp_path):
     directory = tmp_path / "torchao-model"
     directory.mkdir()
     config = json.loads((CONFIGS / "qwen3-32b.json").read_text())
     config["quantization_config"] = {"quant_method": "torchao", "quant_type": {}}
     (directory / "config.json").write_text(json.dumps(config))
     ckpt = read_checkpoint(directory, int(PARAMS["qwen3-32b"]))
-    args = sizing.ServeArgs(model=str(directory))
-    out = phases.run(sizing.inputs_for(machine(1, 8 * GiB), args, ckpt))
-    assert not out.device_judged and out.verdict != codes.RUNS_OUT
+    out = phases.run(sizing.inputs_for(machine(1, B70), sizing.ServeArgs(str(directory)), ckpt))
+    assert out.verdict == codes.WILL_FAIL and out.main_cause == codes.VLLM_REFUSES
     assert "torchao quantization is currently not supported in xpu" in out.why
 
 
