@@ -405,3 +405,55 @@ def test_the_models_context_and_its_refusal_are_vllms_own(tmp_path, name, rope):
         except ValueError:
             refused = True
         assert bool(context.refusal(asked, config, {})) == refused, asked
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [
+        {"quant_method": "modelopt", "quantization": "FP8"},
+        {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": None}}},
+        {"quant_method": "compressed-tensors", "config_groups": ["not", "a", "map"]},
+        {"quant_method": "awq", "bits": "4", "group_size": -1},
+        {"quant_method": "quark", "global_quant_config": [1]},
+        {"quant_method": 5},
+        "mxfp4",
+    ],
+)
+def test_a_junk_quantization_config_is_judged_without_a_crash(tmp_path, quant):
+    directory = tmp_path / "junk"
+    directory.mkdir()
+    config = json.loads((CONFIGS / "qwen3-32b.json").read_text())
+    config["quantization_config"] = quant
+    (directory / "config.json").write_text(json.dumps(config))
+    ckpt = read_checkpoint(directory, int(PARAMS["qwen3-32b"]))
+    out = phases.run(sizing.inputs_for(machine(1, B70), sizing.ServeArgs(str(directory)), ckpt))
+    assert out.verdict in codes.VERDICTS
+    inputs = out.inputs
+    sized_16bit = inputs.weights_known and inputs.linear_bytes_per_weight == 2.0
+    assert not (inputs.prequantized and sized_16bit), "a quantized checkpoint is never 16-bit"
+
+
+def test_gguf_arrays_nested_past_any_model_are_refused(tmp_path):
+    path = tmp_path / "deep.gguf"
+    nested = struct.pack("<IQ", 9, 1) * 8 + struct.pack("<IQ", 4, 0)
+    meta = gguf_string("x") + struct.pack("<I", 9) + nested
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + meta)
+    with pytest.raises(CheckpointError, match="arrays nested deeper than 4"):
+        read_checkpoint(path)
+
+
+def test_a_field_that_cannot_be_compared_is_not_named_and_never_raises():
+    from dataclasses import dataclass, field
+
+    class Hostile:
+        def __eq__(self, other):
+            raise RuntimeError("no comparing")
+
+    @dataclass
+    class EngineArgs:
+        enforce_eager: bool = False
+        compilation_config: object = field(default_factory=Hostile)
+
+    from vllm_xpu_memfix.startup import domain
+
+    assert domain.not_modelled(EngineArgs(enforce_eager=True)) == ("--enforce-eager",)

@@ -19,6 +19,7 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_COUNT = 10_000_000  # tensors, metadata pairs, array items: beyond this, not a model
 MAX_STRING = 64 * 1024 * 1024
+MAX_NESTING = 4
 DEFAULT_ALIGNMENT = 32
 # ggml type id -> (name, elements per block, bytes per block)
 GGML_TYPES = {
@@ -102,14 +103,16 @@ class _Reader:
             raise GgufError(f"a string of {size:,} bytes at byte {self.offset}")
         return self.take(size).decode("utf-8", errors="replace")
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == STRING:
             return self.string()
-        if kind == ARRAY:
+        if kind == ARRAY and depth < MAX_NESTING:
             item = int(self.scalar("<I"))
-            return [self.value(item) for _ in range(self.count("an array of"))]
+            return [self.value(item, depth + 1) for _ in range(self.count("an array of"))]
+        if kind == ARRAY:
+            raise GgufError(f"arrays nested deeper than {MAX_NESTING} at byte {self.offset}")
         raise GgufError(f"metadata value type {kind} is not GGUF's")
 
 
