@@ -457,3 +457,27 @@ def test_a_field_that_cannot_be_compared_is_not_named_and_never_raises():
     from vllm_xpu_memfix.startup import domain
 
     assert domain.not_modelled(EngineArgs(enforce_eager=True)) == ("--enforce-eager",)
+
+
+def test_a_remedy_that_removes_a_listed_cause_is_listed_though_the_verdict_stays():
+    """0.21.0-b1's second sym_int4 layout on a model too large either way: the newer image
+    removes duplicate_int4_layout, which doctor lists, so it is a remedy (issue 45 class 4)."""
+    from vllm_xpu_memfix.intel import catalog
+
+    inputs = phases.Inputs(
+        tp=1,
+        utilization=0.9,
+        device_bytes=B60,
+        linear_params=60e9,
+        linear_bytes_per_weight=catalog.TWO_LAYOUTS,
+        int4_layouts=2,
+        gpus_in_context=1,
+        battlemage_in_context=1,
+        room=200 * GiB,
+    )
+    out = phases.run(inputs)
+    judged = remedies.remedies(out, remedies.Context(image=catalog.image_named("0.21.0-b1")))
+    (image,) = [r for r in judged.remedies if r.code == codes.NEWER_IMAGE]
+    assert image.after.verdict == out.verdict == codes.RUNS_OUT
+    assert image.removes == (codes.DUPLICATE_INT4_LAYOUT,)
+    assert codes.NEWER_IMAGE not in {r.code for r in judged.not_helping}
