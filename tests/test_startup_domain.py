@@ -267,6 +267,13 @@ def test_tp_that_does_not_divide_the_heads_is_vllms_refusal_not_memory(tmp_path)
     assert out.verdict == codes.WILL_FAIL and out.main_cause == codes.VLLM_REFUSES
     assert "attention heads (64) must be divisible by tensor parallel size (3)" in out.why
     assert "verify_with_parallel_config" in out.why
+    fixes = [r for r in remedies.remedies(out).remedies if r.code == codes.TP_FOR_GPUS]
+    assert [r.what.split(":")[0] for r in fixes] == [
+        "--tensor-parallel-size 4",  # fits on the 4 GPUs
+        "--tensor-parallel-size 2",  # removes the refusal; 32.8B in BF16 on 2 B70s runs out
+    ]
+    assert fixes[0].after.verdict == codes.FITS
+    assert fixes[1].removes == (codes.VLLM_REFUSES,)
 
 
 def test_a_context_above_the_models_is_refused_unless_vllm_is_told_to_allow_it(tmp_path):

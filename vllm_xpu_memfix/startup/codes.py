@@ -139,5 +139,6 @@ REMEDIES = {
     "device bytes per weight; converted on the host while loading, at some accuracy cost",
     MAX_MODEL_LEN: "the longest --max-model-len whose one sequence the KV cache holds",
     KV_CACHE_DTYPE: "--kv-cache-dtype fp8: one byte a KV element, twice the tokens",
-    TP_FOR_GPUS: "a --tensor-parallel-size the visible GPUs hold (or make more GPUs visible)",
+    TP_FOR_GPUS: "a --tensor-parallel-size the visible GPUs hold (or make more GPUs visible) "
+    "and that divides the attention heads",
 }

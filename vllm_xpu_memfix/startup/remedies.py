@@ -397,10 +397,11 @@ def _combination(
 def remedies(out: model.Outcome, context: Context | None = None) -> Judged:
     """Each remedy that applies, with the outcome of the model run with it; where none
     makes the start-up fit alone, the cheapest combination that does."""
-    refused = out.main_cause == codes.VLLM_REFUSES  # not memory: its own reason says what
-    if out.verdict == codes.FITS or refused:
+    if out.verdict == codes.FITS:
         return Judged([], [])
-    candidates = _candidates(context or Context(), out)
+    # vLLM's refusal is not memory's: only a TP that divides the heads answers one.
+    refused = out.main_cause == codes.VLLM_REFUSES
+    candidates = resizing.tp_for_heads(out) if refused else _candidates(context or Context(), out)
     found = [_remedy(out, *candidate) for candidate in candidates]
     if not any(r.after.memory_fits for r in found):
         found += _combination(out, candidates)

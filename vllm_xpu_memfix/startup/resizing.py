@@ -75,6 +75,27 @@ def tp_for_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     ]
 
 
+def tp_for_heads(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """TP not dividing the attention heads (vLLM refuses): the nearest sizes that do, below
+    and above, as many GPUs as are visible at most."""
+    inp = out.inputs
+    heads = inp.attention_heads
+    if not heads or heads % inp.tp == 0:
+        return []
+    most = inp.gpus_in_context or max(TP_SIZES)
+    below = [tp for tp in range(inp.tp - 1, 0, -1) if heads % tp == 0]
+    above = [tp for tp in range(inp.tp + 1, most + 1) if heads % tp == 0]
+    return [
+        (
+            codes.TP_FOR_GPUS,
+            f"--tensor-parallel-size {tp}: it divides the {heads} attention heads",
+            "fewer GPUs, each with a larger share" if tp < inp.tp else f"{tp - inp.tp} more GPU(s)",
+            with_tp(inp, tp),
+        )
+        for tp in (*below[:1], *above[:1])
+    ]
+
+
 def context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     """One --max-model-len sequence above the KV cache: the length that fits, and an FP8
     KV cache."""
