@@ -205,6 +205,7 @@ _METAVAR = {
     "ranks": "N",
     "count": "N",
     "human": "N",
+    "length": "N|auto",
     "bytes": "BYTES",
     "utilization": "FRACTION",
     "quantization": "METHOD",
