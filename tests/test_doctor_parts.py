@@ -127,7 +127,7 @@ def test_remedies_put_the_guard_first_and_find_the_utilisation_that_fits():
     assert {r.after.verdict for r in ranked} == {"fits"}
     assert ranked[0].what.startswith("VLLM_XPU_MEMFIX_DRIVER_ENV=auto (or on): the plugin's")
     assert ranked[0].after.host_need == 4 * BASELINE
-    # 4 x (u x 32 GiB + 0.5 GiB warm-up) + 14 GiB within 0.85 x 80 GiB: u = 0.40.
+    # 4 x (u x 32 GiB + warm-up outside torch) + 14 GiB within 0.85 x 80 GiB: u = 0.40.
     assert ranked[1].what == "--gpu-memory-utilization 0.40"
     assert ranked[1].after.host_need == 4 * (0.4 * 32 * GiB + 0.5 * GiB + 3.5 * GiB)
 

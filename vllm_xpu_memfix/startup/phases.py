@@ -40,8 +40,9 @@ AT_RISK_SHARE = 0.85  # host: more than this share of the room is at risk
 DEVICE_AT_RISK_SHARE = 0.98  # device: less than 2 % left is at risk
 # Device memory the warm-up adds outside torch's count after the KV cache is sized:
 # Level Zero modules of the JIT warm-up, oneCCL buffers, fragmentation; XPU's free-memory
-# figure misses them (vLLM PRs #49482, #53990; ROOT-CAUSES cause 7). An assumption.
-WARMUP_OUTSIDE_TORCH = 512 * MiB
+# figure misses them (vLLM PRs #49482, #53990; ROOT-CAUSES cause 7). An assumption: the
+# unknown kv_headroom's slack is kept for, taken at twice that slack's default.
+WARMUP_OUTSIDE_TORCH = 2 * reserve.DEFAULT_SLACK
 
 
 @dataclass(frozen=True)
