@@ -146,13 +146,19 @@ def test_two_a770_on_an_old_kernel_will_fail_whatever_the_memory(tmp_path, qwen)
 
 def test_916_without_known_peer_access_is_possible_and_says_how_to_check(tmp_path, qwen):
     """Two GPUs, a runtime in #916's range, an old kernel, but whether the GPUs reach each
-    other is not known: the failure is named as possible, with how to check, and the
-    verdict stays the memory's (never will fail)."""
+    other is not known: the failure is named as possible, with how to check; a possible
+    fatal failure makes the verdict "at risk" (never will fail), with its remedies marked
+    as helping if it holds (issue 45)."""
     host = machine(tmp_path, "Arc A770", 2, kernel="6.14.0", runtime="26.14.37833.4")
     report = judge(host, str(qwen), "-tp", "2", "-q", "sym_int4")
-    assert report["verdict"] == codes.FITS and report["fails_at"] is None
+    assert report["verdict"] == codes.AT_RISK and report["fails_at"] is None
+    assert report["main_cause"] == codes.XE_PEER_CONTEXT_OOM
     assert report["why"] == "compute-runtime #916 possible: peer access between the GPUs unknown"
     assert "can_device_access_peer" in cause(report, codes.XE_PEER_CONTEXT_OOM)["why"]
+    fixes = {r["code"]: r for r in report["remedies"]}
+    assert fixes[codes.NO_PEER_ACCESS]["what"].endswith("(if compute-runtime #916 holds)")
+    assert fixes[codes.NO_PEER_ACCESS]["verdict_after"] == codes.FITS
+    assert fixes[codes.NO_PEER_ACCESS]["removes"] == [codes.XE_PEER_CONTEXT_OOM]
     no_p2p = machine(tmp_path, "Arc A770", 2, kernel="6.14.0", runtime="26.14.37833.4", p2p=False)
     report = judge(no_p2p, str(qwen), "-tp", "2", "-q", "sym_int4")
     assert report["verdict"] == codes.FITS and report["why"] == ""
@@ -278,10 +284,12 @@ def test_remedies_rank_those_that_fit_first_then_by_cost():
     fitting = [r.code for r in ranked if r.after.verdict == codes.FITS]
     assert fitting == sorted(fitting, key=remedies.COST_ORDER.index)
     assert fitting[0] == codes.NO_PEER_ACCESS  # removes both #916 and the host copy
-    # 26.05 is inside #916's range: on 6.14 it still fails, so it is no remedy here.
-    assert codes.COMPUTE_RUNTIME_26_05 not in [r.code for r in ranked]
-    (no_help,) = [r for r in judged.not_helping if r.code == codes.COMPUTE_RUNTIME_26_05]
-    assert no_help.after.verdict == codes.WILL_FAIL
+    # 26.05 is inside #916's range: on 6.14 it still fails, but it removes the host copy
+    # doctor lists, so it is listed with what it removes, after those that fit (issue 45).
+    (partial,) = [r for r in ranked if r.code == codes.COMPUTE_RUNTIME_26_05]
+    assert partial.after.verdict == codes.WILL_FAIL
+    assert partial.removes == (codes.DRIVER_HOST_COPY,)
+    assert ranked.index(partial) > len(fitting) - 1
 
 
 def test_the_json_keeps_todays_keys_and_adds_the_phase_model(tmp_path, qwen):
@@ -309,7 +317,17 @@ def test_docs_name_every_code():
         assert f"`{code}`" in docs, code
     troubleshooting = (Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text()
     for code in (*codes.CAUSES, *codes.REMEDIES):
-        if code not in (codes.PROCESS_BASELINE, codes.CONTAINER_LIMIT):
+        # troubleshooting.md goes by memory symptom; vLLM's refusals and the context's
+        # remedies (issue 45) are doctor.md's alone.
+        if code not in (
+            codes.PROCESS_BASELINE,
+            codes.CONTAINER_LIMIT,
+            codes.VLLM_REFUSES,
+            codes.CONTEXT_EXCEEDS_KV_CACHE,
+            codes.MAX_MODEL_LEN,
+            codes.KV_CACHE_DTYPE,
+            codes.TP_FOR_GPUS,
+        ):
             assert f"`{code}`" in troubleshooting, code
 
 

@@ -96,13 +96,15 @@ DOCTOR_DISAGREES = {
     ),
     ("fails_at", "llm-scaler-164-4gpu-32b-fp16-util095"): "as its verdict",
     ("cause", "llm-scaler-164-4gpu-32b-fp16-util095"): "as its verdict",
-    ("verdict", "llm-scaler-618-2xb70-fp8-tp2"): (
-        "the thread states that host RAM balloons, not that the start-up failed or came "
-        "close ('at risk' was the corpus's assumption); doctor: fits at 55 % of the room, "
-        "with the host copy named (59.9 GiB)"
+    ("remedy_turns", "llm-scaler-618-2xb70-fp8-tp2"): (
+        "the thread gives no kernel release, so compute-runtime #916 stays possible after the "
+        "debug key (runtime 26.14, 2 GPUs): at most 'at risk' (issue 45), where the reporter "
+        "served"
     ),
-    ("remedy_offered", "llm-scaler-618-2xb70-fp8-tp2"): (
-        "doctor offers remedies only to a start-up that does not fit"
+    ("verdict", "compute-runtime-968-2xb70-p2p-kernel70"): (
+        "P2P verified on Ubuntu's 7.0.0-29 kernel with runtime 26.14: #916's condition, "
+        "unless that distribution kernel carries the xe fix, which no file shows; a possible "
+        "fatal failure is 'at risk' (issue 45), where the server ran"
     ),
     ("verdict", "llm-scaler-672-2xb70-27b-fp8-64gb"): (
         "doctor's host figure (66.9 GiB) is within 6 % of the thread's 63.4 GB peak but lies "
@@ -132,7 +134,7 @@ DOCTOR_DISAGREES = {
     ("verdict", "llm-scaler-382-2xb70-online-fp8-tp2"): (
         "the corpus assumed compute-runtime #916 ('will fail'); the thread states neither peer "
         "access between the B70s nor that every allocation failed (the weights loaded), so "
-        "doctor names #916 only as possible and judges the memory, which fits"
+        "doctor names #916 only as possible: at risk, the memory fitting"
     ),
     ("fails_at", "llm-scaler-382-2xb70-online-fp8-tp2"): "as its verdict",
     ("verdict", "vllm-41663-2xb70-online-fp8-64gb"): (
@@ -160,10 +162,20 @@ def checked(check: str, cases: list[str]) -> list[Any]:
 REMEDIED = cases_with(lambda d: "remedy_that_worked" in d["outcome"])
 
 
+# DOCTOR_DISAGREES only shrinks: lower this when an entry goes, never raise it. Issue 45
+# traded two entries of llm-scaler #618 (doctor now says "at risk" as the corpus does) for
+# one of #618's remedy and one of compute-runtime #968, both #916 being possible.
+MOST_DISAGREEMENTS = 18
+
+
 def test_every_disagreement_names_a_case_and_a_check():
     checks = {"verdict", "fails_at", "cause", "remedy_offered", "remedy_turns"}
     assert {check for check, _ in DOCTOR_DISAGREES} <= checks
     assert {case for _, case in DOCTOR_DISAGREES} <= set(CASES)
+    assert len(DOCTOR_DISAGREES) <= MOST_DISAGREEMENTS, "the disagreements only shrink"
+    for (_, case), why in DOCTOR_DISAGREES.items():
+        assert why.strip(), case
+        assert load(case, "case.toml")["thread"]["url"].startswith("https://"), case
 
 
 # --- the files themselves (these run whether or not doctor knows --host) ---------------

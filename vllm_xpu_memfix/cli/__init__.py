@@ -196,6 +196,7 @@ _METAVAR = {
     "ranks": "N",
     "count": "N",
     "human": "N",
+    "length": "N|auto",
     "bytes": "BYTES",
     "utilization": "FRACTION",
     "quantization": "METHOD",

@@ -39,6 +39,9 @@ HOST, DEVICE = "host", "device"
 
 # --- causes ----------------------------------------------------------------------------
 
+VLLM_REFUSES = "vllm_refuses"
+CONTEXT_EXCEEDS_KV_CACHE = "context_exceeds_kv_cache"
+
 # The names live in core.causes (the fixes' log records give them too); the meanings here.
 
 CAUSES = {
@@ -61,8 +64,12 @@ CAUSES = {
     DEVICE_OVERCOMMIT: "weights + KV cache + activations (+ the warm-up) above the device's memory",
     PROCESS_BASELINE: "host memory of the vLLM processes themselves (Python, torch, oneCCL), "
     "taken as 3.5 GiB a rank (an assumption: see docs/doctor.md)",
-    TP_EXCEEDS_GPUS: "--tensor-parallel-size larger than the GPUs visible to vLLM: it refuses "
-    "to start",
+    TP_EXCEEDS_GPUS: "more ranks on this node (engines x TP x PP) than GPUs visible to vLLM: "
+    "it refuses to start",
+    VLLM_REFUSES: "vLLM refuses the start-up before any memory is used: TP not dividing the "
+    "attention heads, --max-model-len above the model's own, a format it does not serve on XPU",
+    CONTEXT_EXCEEDS_KV_CACHE: "the KV cache cannot hold one --max-model-len sequence: vLLM "
+    "refuses when it sets the cache up",
 }
 # Where each cause takes its memory: the main cause of a verdict is on its side.
 CAUSE_SIDE = {
@@ -74,6 +81,8 @@ CAUSE_SIDE = {
     SAMPLER_BURST: DEVICE,
     DEVICE_OVERCOMMIT: DEVICE,
     TP_EXCEEDS_GPUS: DEVICE,
+    VLLM_REFUSES: DEVICE,
+    CONTEXT_EXCEEDS_KV_CACHE: DEVICE,
 }
 
 # --- remedies --------------------------------------------------------------------------
@@ -92,6 +101,11 @@ CONTAINER_LIMIT = "container_limit"
 MORE_HOST_RAM = "more_host_ram"
 MORE_GPUS = "more_gpus"
 QUANTIZE = "quantize"
+MAX_MODEL_LEN = "max_model_len"
+KV_CACHE_DTYPE = "kv_cache_dtype"
+TP_FOR_GPUS = "tp_for_visible_gpus"
+# Remedies that help only together are one remedy, their codes joined by this.
+JOINED = "+"
 
 REMEDIES = {
     DRIVER_GUARD: "NEOReadDebugKeys=1 EnableDeferBacking=0 (what the plugin's driver guard "
@@ -123,4 +137,7 @@ REMEDIES = {
     "the weights; needs the GPUs, and TP must divide the attention heads",
     QUANTIZE: "load the weights quantized (-q fp8, or sym_int4 on Intel's images): fewer "
     "device bytes per weight; converted on the host while loading, at some accuracy cost",
+    MAX_MODEL_LEN: "the longest --max-model-len whose one sequence the KV cache holds",
+    KV_CACHE_DTYPE: "--kv-cache-dtype fp8: one byte a KV element, twice the tokens",
+    TP_FOR_GPUS: "a --tensor-parallel-size the visible GPUs hold (or make more GPUs visible)",
 }

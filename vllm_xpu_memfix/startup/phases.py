@@ -31,7 +31,7 @@ from vllm_xpu_memfix.core.units import GiB, MiB, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
-from vllm_xpu_memfix.startup import codes, reserve, staging
+from vllm_xpu_memfix.startup import codes, domain, reserve, staging
 
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
 # call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
@@ -51,9 +51,19 @@ class Inputs:
     tp: int
     utilization: float
     device_bytes: float | None
+    pp: int = 1
+    ranks_here: int = 0  # the ranks this host runs (engines x TP x PP here); 0: TP x PP
+    engines_here: int = 1
+    ranks_placed: bool = True  # False under Ray: ranks may run on other nodes
+    expert_ranks: int = 1  # DP engines sharing the experts under expert parallel
+    stage_share: float = 1.0  # the largest pipeline stage's share of the weights
+    expert_share: float = 0.0  # the experts' share of the weights
     other_weight_bytes: float = 0.0  # on the device, all ranks together
     linear_params: float = 0.0
     linear_bytes_per_weight: float = 2.0  # on the device
+    weights_known: bool = True  # False: a format the model cannot size (device not judged)
+    prequantized: bool = False
+    cpu_offload_bytes: float = 0.0  # per rank, --cpu-offload-gb
     int4_layouts: int = 0  # 0: not sym_int4; 1 or 2 device layouts per weight
     on_the_fly: bool = False  # 16-bit weights converted while loading
     unit_params: float = 0.0  # the largest unit converted at once, all ranks together
@@ -67,7 +77,14 @@ class Inputs:
     kv_headroom: bool = False
     kv_headroom_slack: float = reserve.DEFAULT_SLACK
     kv_bytes_per_token: float | None = None  # per rank
-    max_model_len: int | None = None
+    kv_cache_dtype: str = "auto"
+    kv_element_bytes: int = 2
+    max_model_len: int | None = None  # as given, else the model's own
+    max_model_len_fitted: bool = False  # -1 / auto: vLLM fits it to the KV cache
+    model_max_len: int | None = None
+    attention_heads: int | None = None
+    refusals: tuple[str, ...] = ()  # vLLM's reasons to refuse, read before any memory
+    not_modelled: tuple[str, ...] = ()  # flags set that the model does not cover
     gpus_in_context: int = 0
     battlemage_in_context: int = 0
     runtime: driver.Runtime | None = None
@@ -81,24 +98,51 @@ class Inputs:
     swap: float = 0.0
 
     @property
+    def host_ranks(self) -> int:
+        return self.ranks_here or self.tp * self.pp
+
+    @property
+    def loaded(self) -> float:
+        """Per rank, the weights of the largest stage before any CPU offload."""
+        linear = self.linear_params * self.linear_bytes_per_weight
+        experts = 1 - self.expert_share + self.expert_share / self.expert_ranks
+        return (self.other_weight_bytes + linear) * experts * self.stage_share / self.tp
+
+    @property
+    def offloaded(self) -> float:
+        """Per rank, the weights --cpu-offload-gb keeps in host memory."""
+        return min(self.cpu_offload_bytes, self.loaded)
+
+    @property
     def weights(self) -> float:
         """Per rank, as the device holds them once loaded."""
-        linear = self.linear_params * self.linear_bytes_per_weight
-        return (self.other_weight_bytes + linear) / self.tp
+        return self.loaded - self.offloaded
 
     @property
     def staging(self) -> float:
         """Host bytes per rank that convert weights during the load."""
         if not self.on_the_fly:
             return 0.0
-        shard = self.shard_16bit / self.tp if self.legacy_load else 0.0
+        shard = self.shard_16bit * self.stage_share / self.tp if self.legacy_load else 0.0
         return staging.per_rank(self.unit_params / self.tp, shard_bytes=shard)
 
     @property
     def staging_ranks(self) -> int:
         if self.staging and self.staging_slots:
-            return min(self.tp, self.staging_slots)
-        return self.tp
+            return min(self.host_ranks, self.staging_slots)
+        return self.host_ranks
+
+    @property
+    def device_judged(self) -> bool:
+        return self.device_bytes is not None and self.weights_known
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """Tokens the KV cache of one rank holds."""
+        kv, per_token = self.kv_cache, self.kv_bytes_per_token
+        if kv is None or not per_token or not self.weights_known:
+            return None
+        return max(0, int(kv // per_token))
 
     @property
     def debug_keys(self) -> dfacts.DebugKeys:
@@ -186,6 +230,12 @@ class Outcome:
     fails_at: dict[str, str] | None
     why: str
     main_cause: str
+    # The verdict of memory alone, where a possible fatal failure (#916) made it at risk.
+    memory_verdict: str | None = None
+
+    @property
+    def memory_fits(self) -> bool:
+        return (self.memory_verdict or self.verdict) == codes.FITS
 
     @property
     def host_judged(self) -> bool:
@@ -193,7 +243,7 @@ class Outcome:
 
     @property
     def device_judged(self) -> bool:
-        return self.inputs.device_bytes is not None
+        return self.inputs.device_judged
 
     @property
     def host_need(self) -> float:
@@ -209,6 +259,9 @@ def _device(inp: Inputs) -> dict[str, float | None]:
     w = inp.weights
     unit = inp.unit_params / inp.tp * 2 if inp.on_the_fly else 0.0
     load = w + unit
+    if not inp.weights_known:
+        filled = None if inp.device_bytes is None else inp.utilization * inp.device_bytes
+        return {codes.LOAD: None, codes.KV_CACHE: filled, codes.WARMUP: None}
     if inp.device_bytes is None and inp.kv_cache_bytes is None:
         return {codes.LOAD: load, codes.KV_CACHE: None, codes.WARMUP: None}
     kv = inp.kv_cache or 0.0
@@ -227,12 +280,13 @@ def _device(inp: Inputs) -> dict[str, float | None]:
 
 def _phases(inp: Inputs) -> dict[str, Phase]:
     device = _device(inp)
-    base = inp.tp * inp.baseline
+    ranks = inp.host_ranks
+    base = ranks * (inp.baseline + inp.offloaded)
     phases = {}
     for name, per_rank in device.items():
         # The copy is of device memory: never more than the device holds.
         copied = min(per_rank or 0.0, inp.device_bytes or float("inf"))
-        pinned = inp.tp * copied if inp.host_copy else 0.0
+        pinned = ranks * copied if inp.host_copy else 0.0
         staged = inp.staging_ranks * inp.staging if name == codes.LOAD else 0.0
         phases[name] = Phase(base + staged + pinned, per_rank, pinned)
     return phases
@@ -256,15 +310,22 @@ def _judge_device(inp: Inputs, name: str, phase: Phase) -> tuple[str, str]:
     return verdict, f"{phase.device / inp.device_bytes:.0%} of the device's memory"
 
 
+def short_context(inp: Inputs) -> bool:
+    """vLLM's check at KV cache allocation: one --max-model-len sequence must fit."""
+    tokens = inp.kv_tokens
+    if inp.max_model_len_fitted or tokens is None or not inp.max_model_len:
+        return False
+    return 0 < tokens < inp.max_model_len
+
+
 def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
-    if phase.device is None or inp.device_bytes is None:
+    if phase.device is None or inp.device_bytes is None or not inp.weights_known:
         return codes.FITS
     kv = inp.kv_cache
     if name == codes.KV_CACHE and kv is not None:
         if kv <= 0:
             return codes.RUNS_OUT  # vLLM: no memory left for the KV cache blocks
-        per_token, length = inp.kv_bytes_per_token, inp.max_model_len
-        if per_token and length and kv < per_token * length:
+        if short_context(inp):
             return codes.RUNS_OUT  # vLLM: the KV cache cannot hold one max-model-len sequence
     if phase.device > inp.device_bytes:
         return codes.RUNS_OUT
@@ -276,13 +337,19 @@ def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
 def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
     gib = 1 / GiB
     causes = []
-    if 0 < inp.gpus_in_context < inp.tp:
+    if ranks_over_gpus(inp):
+        causes.append(Cause(codes.TP_EXCEEDS_GPUS, 0.0, _ranks_why(inp)))
+    for why in vllm_refusals(inp):
+        causes.append(Cause(codes.VLLM_REFUSES, 0.0, why))
+    if short_context(inp):
         causes.append(
             Cause(
-                codes.TP_EXCEEDS_GPUS,
-                0.0,
-                f"--tensor-parallel-size {inp.tp} needs {inp.tp} GPUs; {inp.gpus_in_context} "
-                "visible (ZE_AFFINITY_MASK / ONEAPI_DEVICE_SELECTOR narrow them)",
+                codes.CONTEXT_EXCEEDS_KV_CACHE,
+                ((inp.max_model_len or 0) - (inp.kv_tokens or 0))
+                * (inp.kv_bytes_per_token or 0.0)
+                * gib,
+                f"the KV cache holds {inp.kv_tokens:,} tokens a rank; one --max-model-len "
+                f"{inp.max_model_len:,} sequence needs more (vLLM refuses at KV cache set-up)",
             )
         )
     condition = inp.xe_peer_condition
@@ -311,7 +378,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
                 peak.pinned * gib,
                 f"{inp.battlemage_in_context} Battlemage GPUs in one context, compute-runtime "
                 f"{inp.runtime.version if inp.runtime else 'unknown (assumed affected)'}: about "
-                f"each rank's device use pinned on the host, {inp.tp} rank(s)",
+                f"each rank's device use pinned on the host, {inp.host_ranks} rank(s)",
             )
         )
     if inp.staging:
@@ -321,7 +388,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
             Cause(
                 codes.QUANT_STAGING,
                 ranks * inp.staging * gib,
-                f"{load}: {size(inp.staging)} a rank, {ranks} of {inp.tp} rank(s) at "
+                f"{load}: {size(inp.staging)} a rank, {ranks} of {inp.host_ranks} rank(s) at "
                 f"once; {inp.load_mode_why}",
             )
         )
@@ -345,7 +412,8 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
                 f"{size(burst.gathered_logits, MiB)}; the peak is at {burst.peak_parts()}",
             )
         )
-    if inp.device_bytes is not None:
+    if inp.device_judged:
+        assert inp.device_bytes is not None
         over = max((p.device or 0.0) - inp.device_bytes for p in phases.values())
         kv = inp.kv_cache
         if over > 0 or (kv is not None and kv <= 0):
@@ -360,8 +428,8 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
     causes.append(
         Cause(
             codes.PROCESS_BASELINE,
-            inp.tp * inp.baseline * gib,
-            f"{size(inp.baseline)} a rank",
+            inp.host_ranks * inp.baseline * gib,
+            f"{size(inp.baseline)} a rank, {inp.host_ranks} rank(s) on this host",
         )
     )
     return causes
@@ -373,41 +441,111 @@ def _main_cause(causes: list[Cause], side: str | None) -> str:
     return max(on_side or causes, key=lambda c: c.gib).code
 
 
+def ranks_over_gpus(inp: Inputs) -> bool:
+    """More ranks on this node than GPUs visible: vLLM cannot place them."""
+    return inp.ranks_placed and 0 < inp.gpus_in_context < inp.host_ranks
+
+
+def _ranks_why(inp: Inputs) -> str:
+    if inp.host_ranks == inp.tp:
+        return (
+            f"--tensor-parallel-size {inp.tp} needs {inp.tp} GPUs; {inp.gpus_in_context} "
+            "visible (ZE_AFFINITY_MASK / ONEAPI_DEVICE_SELECTOR narrow them)"
+        )
+    return (
+        f"{inp.host_ranks} ranks on this node ({inp.engines_here} engine(s) x TP {inp.tp} x "
+        f"PP {inp.pp}) need {inp.host_ranks} GPUs; {inp.gpus_in_context} visible"
+    )
+
+
+def vllm_refusals(inp: Inputs) -> list[str]:
+    """vLLM's refusals read before any memory: the format on the platform, the context,
+    and TP against the heads (vllm/config/model.py:ModelConfig.verify_with_parallel_config)."""
+    found = list(inp.refusals)
+    heads = inp.attention_heads
+    if heads and heads % inp.tp:
+        found.append(
+            f"total number of attention heads ({heads}) must be divisible by tensor parallel "
+            f"size ({inp.tp}) (vllm/config/model.py:ModelConfig.verify_with_parallel_config)"
+        )
+    return found
+
+
+def unmodelled_on(inp: Inputs, side: str) -> list[str]:
+    """The flags set that the model does not cover and that change ``side``."""
+    return [flag for flag in inp.not_modelled if domain.side_of(flag) in (side, domain.BOTH)]
+
+
+def _capped(inp: Inputs, side: str, why: str) -> str | None:
+    """``why`` capped at "at risk" where a not-modelled flag changes ``side``; else None."""
+    flags = unmodelled_on(inp, side)
+    if not flags:
+        return None
+    named = ", ".join(flags[:3]) + (" ..." if len(flags) > 3 else "")
+    return f"{why}; not modelled on the {side}: {named}, so at most at risk"
+
+
+def _fitted(inp: Inputs) -> str:
+    tokens = inp.kv_tokens
+    if not inp.max_model_len_fitted or tokens is None:
+        return ""
+    length = min(tokens, inp.model_max_len or tokens)
+    return f"--max-model-len fitted to the KV cache: about {length:,} tokens"
+
+
 def run(inp: Inputs) -> Outcome:
-    """The phases, the causes and the verdict for ``inp``. Within a phase the device is
-    judged before the host: what the device cannot hold fails there, whatever the host.
-    "will fail" only where every condition is known to hold (TP above the visible GPUs,
-    #916 with peer access known); a failure not known to come is named in ``why``."""
+    """The phases, the causes and the verdict for ``inp``. vLLM's refusals come first,
+    never as a memory cause. Within a phase the device is judged before the host: what the
+    device cannot hold fails there, whatever the host. "will fail" only where every
+    condition is known to hold (a refusal, ranks above the visible GPUs, #916 with peer
+    access known); a possible failure makes the verdict "at risk", named in ``why``. A flag
+    the model does not cover caps its side's verdict at "at risk"."""
     phases = _phases(inp)
     causes = _causes(inp, phases)
-    if 0 < inp.gpus_in_context < inp.tp:
-        at = {"phase": codes.LOAD, "where": codes.DEVICE}
-        why = f"TP {inp.tp} with {inp.gpus_in_context} GPU(s) visible: vLLM refuses to start"
-        return Outcome(inp, phases, causes, codes.WILL_FAIL, at, why, codes.TP_EXCEEDS_GPUS)
-    if inp.peer_oom:
-        at = {"phase": codes.LOAD, "where": codes.DEVICE}
-        why = "compute-runtime #916: every device allocation fails"
-        return Outcome(inp, phases, causes, codes.WILL_FAIL, at, why, codes.XE_PEER_CONTEXT_OOM)
+    start = {"phase": codes.LOAD, "where": codes.DEVICE}
+    refused = vllm_refusals(inp)
+    if refused:
+        why = f"vLLM refuses to start: {refused[0]}"
+        return Outcome(inp, phases, causes, codes.WILL_FAIL, start, why, codes.VLLM_REFUSES)
     worst, why, side = codes.FITS, "", None
+    certain = []
+    if ranks_over_gpus(inp):
+        ranks = f"TP {inp.tp}"
+        if inp.host_ranks != inp.tp:
+            ranks = (
+                f"{inp.host_ranks} ranks ({inp.engines_here} engine(s) x TP {inp.tp} x PP {inp.pp})"
+            )
+        visible = f"{ranks} with {inp.gpus_in_context} GPU(s) visible: vLLM refuses to start"
+        certain.append((visible, codes.TP_EXCEEDS_GPUS))
+    if inp.peer_oom:
+        certain.append(
+            ("compute-runtime #916: every device allocation fails", codes.XE_PEER_CONTEXT_OOM)
+        )
+    for text, code in certain:
+        capped = _capped(inp, codes.DEVICE, text)
+        if capped is None:
+            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, text, code)
+        if worst == codes.FITS:
+            worst, why, side = codes.AT_RISK, capped, codes.DEVICE
     for name, phase in phases.items():
         for where, judge in ((codes.DEVICE, _judge_device), (codes.HOST, _judge_host)):
             judged, share = judge(inp, name, phase)
+            text = f"{where} at {name}: {share}"
             if judged == codes.RUNS_OUT:
-                at = {"phase": name, "where": where}
-                return Outcome(
-                    inp,
-                    phases,
-                    causes,
-                    codes.RUNS_OUT,
-                    at,
-                    f"{where} at {name}: {share}",
-                    _main_cause(causes, where),
-                )
+                capped = _capped(inp, where, text)
+                if capped is None:
+                    main = _main_cause(causes, where)
+                    at = {"phase": name, "where": where}
+                    return Outcome(inp, phases, causes, codes.RUNS_OUT, at, text, main)
+                judged, text = codes.AT_RISK, capped
             if judged == codes.AT_RISK and worst == codes.FITS:
-                worst, why, side = codes.AT_RISK, f"{where} at {name}: {share}", where
+                worst, why, side = codes.AT_RISK, text, where
     oom = inp.xe_peer_condition
     if oom is not None:
-        # Not known to hold: named, with what is unknown, but the verdict stays memory's.
+        # Not known to hold, but fatal if it does: at risk, with what is unknown.
         possible = f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown"
-        why = f"{why}; {possible}" if why else possible
+        main = _main_cause(causes, side) if why else codes.XE_PEER_CONTEXT_OOM
+        why = "; ".join(part for part in (why, possible, _fitted(inp)) if part)
+        return Outcome(inp, phases, causes, codes.AT_RISK, None, why, main, worst)
+    why = "; ".join(part for part in (why, _fitted(inp)) if part)
     return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side))

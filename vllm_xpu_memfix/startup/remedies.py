@@ -7,7 +7,8 @@ verdict they would leave, as what does not help."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.units import GiB, MiB, rounded, size
@@ -26,6 +27,8 @@ COST_ORDER = (
     codes.GPU_MEMORY_UTILIZATION,
     codes.NO_PEER_ACCESS,
     codes.NEWER_IMAGE,
+    codes.MAX_MODEL_LEN,
+    codes.KV_CACHE_DTYPE,
     codes.QUANTIZE,
     codes.PREQUANTIZED_CHECKPOINT,
     codes.COMPUTE_RUNTIME_26_27,
@@ -33,6 +36,7 @@ COST_ORDER = (
     codes.KERNEL_7_1,
     codes.CONTAINER_LIMIT,
     codes.MORE_HOST_RAM,
+    codes.TP_FOR_GPUS,
     codes.MORE_GPUS,
 )
 _RANK = {verdict: i for i, verdict in enumerate(codes.VERDICTS)}
@@ -40,6 +44,7 @@ LOWEST_UTILIZATION = 0.30
 PLUGIN = "vllm-xpu-memfix"
 # Tensor-parallel sizes tried for more_gpus (vLLM needs TP to divide the heads).
 TP_SIZES = (2, 4, 8, 16)
+BLOCK = 16  # a --max-model-len remedy is rounded down to vLLM's KV block
 # Formats tried for quantize, with their device bytes per linear weight and their cost.
 QUANT_FORMATS = (
     ("fp8", 1.0, "-q fp8: 8-bit weights, converted while loading; a small accuracy cost"),
@@ -67,12 +72,16 @@ class Remedy:
     what: str
     cost: str
     after: model.Outcome
+    removes: tuple[str, ...] = ()  # causes of the verdict before that it removes
 
     def helps(self, before: model.Outcome) -> bool:
-        """Whether it leaves a better verdict, or the same at-risk one with less need."""
+        """Whether it leaves a better verdict, or the same at-risk one with less need, or
+        removes a cause the verdict names."""
         after, now = _RANK[self.after.verdict], _RANK[before.verdict]
         if after != now:
             return after < now
+        if self.removes:
+            return True
         return before.verdict == codes.AT_RISK and self.after.host_need < before.host_need
 
     def as_dict(self) -> dict[str, object]:
@@ -81,6 +90,7 @@ class Remedy:
             "code": self.code,
             "what": self.what,
             "cost": self.cost,
+            "removes": list(self.removes),
             "host_need_after_gib": rounded(self.after.host_need / GiB, 2),
             "device_need_after_gib": None if device is None else rounded(device / GiB, 2),
             "verdict_after": self.after.verdict,
@@ -113,7 +123,7 @@ def _utilization(inp: model.Inputs) -> float | None:
     steps = round((inp.utilization - LOWEST_UTILIZATION) * 100)
     for step in range(1, steps + 1):
         value = round(inp.utilization - step / 100, 2)
-        if model.run(replace(inp, utilization=value)).verdict == codes.FITS:
+        if model.run(replace(inp, utilization=value)).memory_fits:
             return value
     return None
 
@@ -121,7 +131,7 @@ def _utilization(inp: model.Inputs) -> float | None:
 def _slots(inp: model.Inputs) -> int:
     """The most ranks that may stage at once with the start-up fitting (1 at the least)."""
     for slots in range(inp.staging_ranks - 1, 0, -1):
-        if model.run(replace(inp, staging_slots=slots)).verdict == codes.FITS:
+        if model.run(replace(inp, staging_slots=slots)).memory_fits:
             return slots
     return 1
 
@@ -130,10 +140,29 @@ def _first_better(
     before: model.Outcome, tries: list[tuple[model.Inputs, str, str]]
 ) -> tuple[model.Inputs, str, str] | None:
     """The first try that fits, else the first that leaves a better verdict."""
-    judged = [(model.run(inputs).verdict, (inputs, what, cost)) for inputs, what, cost in tries]
-    fitting = [found for verdict, found in judged if verdict == codes.FITS]
-    better = [found for verdict, found in judged if _RANK[verdict] < _RANK[before.verdict]]
+    judged = [(model.run(inputs), (inputs, what, cost)) for inputs, what, cost in tries]
+    fitting = [found for after, found in judged if after.memory_fits]
+    better = [found for after, found in judged if _RANK[after.verdict] < _RANK[before.verdict]]
     return next(iter(fitting or better), None)
+
+
+def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
+    """``inp`` at another TP size: each rank a share of the weights and KV heads."""
+    per_token = inp.kv_bytes_per_token
+    ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
+    return replace(
+        inp,
+        tp=tp,
+        ranks_here=ranks,
+        kv_bytes_per_token=None if per_token is None else per_token * inp.tp / tp,
+        gpus_in_context=max(ranks, inp.gpus_in_context),
+    )
+
+
+def _tp_sizes(inp: model.Inputs) -> list[int]:
+    """The TP sizes vLLM accepts for this model (dividing the heads), ascending."""
+    heads = inp.attention_heads
+    return [tp for tp in TP_SIZES if not heads or heads % tp == 0]
 
 
 def _more_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
@@ -141,26 +170,86 @@ def _more_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     better)."""
     inp = out.inputs
     visible = min(inp.tp, inp.gpus_in_context or inp.tp)
-    tries = [
-        (
-            replace(inp, tp=tp, gpus_in_context=max(tp, inp.gpus_in_context)),
-            f"--tensor-parallel-size {tp} on {tp} GPUs",
-            f"{tp - visible} more GPU(s); TP must divide the attention heads",
-        )
-        for tp in TP_SIZES
-        if tp > inp.tp
-    ]
-    found = _first_better(out, tries)
+    found = _first_better(out, _gpu_tries(inp, visible))
     return [(codes.MORE_GPUS, found[1], found[2], found[0])] if found else []
 
 
-def _quantize(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
-    """The first format, fewest bytes lost first, with which the start-up fits (or does
-    better)."""
+def _gpu_tries(inp: model.Inputs, visible: int) -> list[tuple[model.Inputs, str, str]]:
+    return [
+        (
+            with_tp(inp, tp),
+            f"--tensor-parallel-size {tp} on {tp} GPUs",
+            f"{tp - visible} more GPU(s); TP must divide the attention heads",
+        )
+        for tp in _tp_sizes(inp)
+        if tp > inp.tp
+    ]
+
+
+def _tp_for_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """Ranks above the visible GPUs: the largest TP the GPUs hold (dividing the heads)."""
     inp = out.inputs
-    if inp.linear_bytes_per_weight < 2.0 or not inp.linear_params:
+    if not model.ranks_over_gpus(inp):
         return []
-    tries = [
+    per_tp = inp.host_ranks // inp.tp
+    heads = inp.attention_heads
+    fitting = [
+        tp
+        for tp in range(inp.tp - 1, 0, -1)
+        if per_tp * tp <= inp.gpus_in_context and (not heads or heads % tp == 0)
+    ]
+    if not fitting:
+        return []
+    tp = fitting[0]
+    return [
+        (
+            codes.TP_FOR_GPUS,
+            f"--tensor-parallel-size {tp} for the {inp.gpus_in_context} GPU(s) visible, or "
+            f"make {inp.host_ranks} GPUs visible (ZE_AFFINITY_MASK)",
+            "each GPU holds a larger share of the weights",
+            with_tp(inp, tp),
+        )
+    ]
+
+
+def _context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """One --max-model-len sequence above the KV cache: the length that fits, and an FP8
+    KV cache."""
+    inp = out.inputs
+    if not model.short_context(inp):
+        return []
+    tokens = (inp.kv_tokens or 0) // BLOCK * BLOCK
+    found = []
+    if tokens:
+        found.append(
+            (
+                codes.MAX_MODEL_LEN,
+                f"--max-model-len {tokens}",
+                f"sequences up to {tokens:,} tokens instead of {inp.max_model_len:,}",
+                replace(inp, max_model_len=tokens),
+            )
+        )
+    if inp.kv_element_bytes > 1 and inp.kv_bytes_per_token:
+        found.append(
+            (
+                codes.KV_CACHE_DTYPE,
+                "--kv-cache-dtype fp8",
+                "twice the tokens in the KV cache; a small accuracy cost",
+                replace(
+                    inp,
+                    kv_bytes_per_token=inp.kv_bytes_per_token / inp.kv_element_bytes,
+                    kv_element_bytes=1,
+                    kv_cache_dtype="fp8",
+                ),
+            )
+        )
+    return found
+
+
+def _quantize_tries(inp: model.Inputs) -> list[tuple[model.Inputs, str, str]]:
+    if inp.prequantized or inp.linear_bytes_per_weight < 2.0 or not inp.linear_params:
+        return []
+    return [
         (
             replace(
                 inp,
@@ -174,7 +263,12 @@ def _quantize(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
         )
         for name, per_weight, cost in QUANT_FORMATS
     ]
-    found = _first_better(out, tries)
+
+
+def _quantize(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """The first format, fewest bytes lost first, with which the start-up fits (or does
+    better). Never for a checkpoint quantized ahead of time."""
+    found = _first_better(out, _quantize_tries(out.inputs))
     return [(codes.QUANTIZE, found[1], found[2], found[0])] if found else []
 
 
@@ -288,7 +382,9 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
                 )
             )
     found += _more_room(context, out)
+    found += _context(out)
     found += _quantize(out)
+    found += _tp_for_gpus(out)
     found += _more_gpus(out)
     return found
 
@@ -342,16 +438,70 @@ class Judged:
     not_helping: list[Remedy]
 
 
+_NOT_REMOVED = {codes.PROCESS_BASELINE}
+# The remedies of a possible fatal failure: they help only if it holds.
+_IF_IT_HOLDS = {codes.NO_PEER_ACCESS, codes.COMPUTE_RUNTIME_26_27, codes.KERNEL_7_1}
+
+
+def _removed(before: model.Outcome, after: model.Outcome) -> tuple[str, ...]:
+    gone = {c.code for c in before.causes} - {c.code for c in after.causes}
+    return tuple(c.code for c in before.causes if c.code in gone - _NOT_REMOVED)
+
+
+def _remedy(out: model.Outcome, code: str, what: str, cost: str, inputs: model.Inputs) -> Remedy:
+    if code in _IF_IT_HOLDS and out.memory_verdict is not None:
+        what += " (if compute-runtime #916 holds)"
+    after = model.run(inputs)
+    return Remedy(code, what, cost, after, _removed(out, after))
+
+
+def _changes(inp: model.Inputs, changed: model.Inputs) -> dict[str, Any]:
+    return {
+        spec.name: getattr(changed, spec.name)
+        for spec in fields(model.Inputs)
+        if getattr(changed, spec.name) != getattr(inp, spec.name)
+    }
+
+
+def _combination(
+    out: model.Outcome, found: list[tuple[str, str, str, model.Inputs]]
+) -> list[Remedy]:
+    """Where no one remedy makes the start-up fit: the cheapest pair that does (cost order
+    first, then fewest GPUs)."""
+    inp = out.inputs
+    visible = min(inp.tp, inp.gpus_in_context or inp.tp)
+    moves = list(found)
+    moves += [(codes.MORE_GPUS, w, c, i) for i, w, c in _gpu_tries(inp, visible)]
+    moves += [(codes.QUANTIZE, w, c, i) for i, w, c in _quantize_tries(inp)]
+    pairs = [(a, b) for n, a in enumerate(moves) for b in moves[n + 1 :] if a[0] != b[0]]
+    pairs.sort(key=lambda p: sorted((COST_ORDER.index(p[0][0]), COST_ORDER.index(p[1][0])))[::-1])
+    for a, b in pairs:
+        first, second = _changes(inp, a[3]), _changes(inp, b[3])
+        if any(first[k] != second[k] for k in first.keys() & second.keys()):
+            continue
+        merged = replace(inp, **first, **{k: v for k, v in second.items() if k not in first})
+        if model.run(merged).memory_fits:
+            code = codes.JOINED.join((a[0], b[0]))
+            return [_remedy(out, code, f"{a[1]}; and {b[1]}", f"{a[2]}; {b[2]}", merged)]
+    return []
+
+
 def remedies(out: model.Outcome, context: Context | None = None) -> Judged:
-    """Each remedy that applies, with the outcome of the model run with it."""
-    if out.verdict == codes.FITS:
+    """Each remedy that applies, with the outcome of the model run with it; where none
+    makes the start-up fit alone, the cheapest combination that does."""
+    refused = out.main_cause == codes.VLLM_REFUSES  # not memory: its own reason says what
+    if out.verdict == codes.FITS or refused:
         return Judged([], [])
-    found = [
-        Remedy(code, what, cost, model.run(inputs))
-        for code, what, cost, inputs in _candidates(context or Context(), out)
-    ]
+    candidates = _candidates(context or Context(), out)
+    found = [_remedy(out, *candidate) for candidate in candidates]
+    if not any(r.after.memory_fits for r in found):
+        found += _combination(out, candidates)
     ranked = sorted(
         found,
-        key=lambda r: (_RANK[r.after.verdict], COST_ORDER.index(r.code), r.after.host_need),
+        key=lambda r: (_RANK[r.after.verdict], _cost(r.code), r.after.host_need),
     )
     return Judged([r for r in ranked if r.helps(out)], [r for r in ranked if not r.helps(out)])
+
+
+def _cost(code: str) -> int:
+    return max(COST_ORDER.index(part) for part in code.split(codes.JOINED))

@@ -9,27 +9,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import catalog, driver, driver_facts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
 from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
-from vllm_xpu_memfix.startup import phases, reserve
+from vllm_xpu_memfix.startup import context, formats, layout, phases, reserve
 
 # Quantization methods that convert 16-bit weights while loading, through the host.
-ON_THE_FLY_QUANT = {"sym_int4", "fp8", "int4", "woq_int4"}
-INT4 = {"sym_int4", "int4", "woq_int4"}
-# Checkpoints quantized ahead of time: device bytes per linear weight element (4-bit with
-# a 16-bit scale per group of 128, or 8-bit), by the method config.json names
-# (quantization_config.quant_method) or the suffix of the model's name.
-PREQUANTIZED_BYTES = {
-    "fp8": 1.0,
-    "w8a8": 1.0,
-    "int8": 1.0,
-    "awq": catalog.ONE_LAYOUT,
-    "gptq": catalog.ONE_LAYOUT,
-    "int4": catalog.ONE_LAYOUT,
-    "w4a16": catalog.ONE_LAYOUT,
-    "compressed-tensors": None,  # the scheme says which: read the tensors, else unknown
-}
+ON_THE_FLY_QUANT = frozenset(formats.ON_THE_FLY)
+INT4 = formats.INTEL_INT4
 _NAME_FORMAT = re.compile(r"[-_.](fp8|awq|gptq|int4|w4a16|w8a8|int8)(?=$|[-_.])", re.IGNORECASE)
 # vLLM's `vllm serve` defaults where the line does not give them (EngineArgs: 256
 # sequences outside the large data-centre GPUs; 8192 batched tokens for the API server).
@@ -104,19 +92,31 @@ class Machine:
     int4_layouts: int = 1
 
 
-def checkpoint_format(ckpt: Checkpoint | None, name: str | None) -> tuple[str | None, str]:
-    """The format a checkpoint was quantized to ahead of time, and where that was read:
-    config.json's ``quantization_config``, else the model's name (then assumed)."""
+def checkpoint_format(ckpt: Checkpoint | None, name: str | None) -> formats.Format | None:
+    """The format a checkpoint was quantized to ahead of time, from config.json's
+    ``quantization_config``, else the model's name (then assumed)."""
     if ckpt is not None:
         quant = text_config(ckpt.config).get("quantization_config") or ckpt.config.get(
             "quantization_config"
         )
-        if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
-            return quant["quant_method"].lower(), "config.json quantization_config"
+        found = formats.from_config(quant)
+        if found is not None:
+            return found
     match = _NAME_FORMAT.search(name or "")
     if match:
-        return match.group(1).lower(), f"assumed from the model's name ({match.group(0)[1:]})"
-    return None, ""
+        method = match.group(1).lower()
+        source = f"assumed from the model's name ({match.group(0)[1:]})"
+        return formats.Format(method, formats.prequantized_bytes(method, {}), True, source)
+    return None
+
+
+def weight_format(ckpt: Checkpoint | None, args: ServeArgs) -> formats.Format:
+    """The checkpoint's own format, else ``-q``'s (converted while loading), else none."""
+    own = checkpoint_format(ckpt, args.model)
+    if own is not None:
+        return own
+    given = (args.quantization or "").lower()
+    return formats.given(given) if given else formats.Format("", 2.0, False)
 
 
 def _config_int(section: dict[str, Any], *keys: str) -> int | None:
@@ -200,17 +200,22 @@ def _split_weights(ckpt: Checkpoint) -> tuple[float, float]:
     return linear, total - 2 * linear
 
 
-def _bytes_per_weight(machine: Machine, quant: str, ckpt: Checkpoint, args: ServeArgs) -> float:
-    if quant in INT4:
+def _bytes_per_weight(
+    machine: Machine, fmt: formats.Format, ckpt: Checkpoint, args: ServeArgs
+) -> float | None:
+    """Device bytes per element of the checkpoint's 16-bit linear weights; None: unknown.
+    Where a prequantized checkpoint's headers were read, its quantized tensors are counted
+    at their own size and its 16-bit ones stay 16-bit."""
+    if fmt.method in INT4 and not fmt.prequantized:
         return catalog.TWO_LAYOUTS if machine.int4_layouts == 2 else catalog.ONE_LAYOUT
-    if quant == "fp8":
-        return 1.0
-    prequantized = PREQUANTIZED_BYTES.get(quant)
-    if prequantized:
-        return prequantized
-    return float(FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."), 0)) or float(
+    own = float(FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."), 0)) or float(
         _DTYPE_BYTES.get(ckpt.dtype, 2)
     )
+    if not fmt.method:
+        return own
+    if fmt.prequantized and ckpt.tensors and fmt.bytes_per_weight is not None:
+        return own
+    return fmt.bytes_per_weight
 
 
 def _logits_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
@@ -218,9 +223,12 @@ def _logits_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
     return flag or (_DTYPE_BYTES.get(ckpt.dtype, 2) if ckpt else 2)
 
 
-def _kv_bytes_per_token(text: dict[str, Any], args: ServeArgs, dtype: int) -> float | None:
-    """Per rank: K and V of every attention layer (only the full-attention ones of a
-    hybrid model that lists them in ``layer_types``)."""
+def _kv_bytes_per_token(
+    text: dict[str, Any], args: ServeArgs, dtype: int, stage_layers: int | None
+) -> float | None:
+    """Per rank: K and V of every attention layer of the largest stage (only the
+    full-attention ones of a hybrid model that lists them in ``layer_types``), at
+    --kv-cache-dtype's bytes (fp8 variants: 1; auto: the model's dtype)."""
     layers = _config_int(text, "num_hidden_layers")
     heads = _config_int(text, "num_attention_heads")
     kv_heads = _config_int(text, "num_key_value_heads") or heads
@@ -228,16 +236,26 @@ def _kv_bytes_per_token(text: dict[str, Any], args: ServeArgs, dtype: int) -> fl
     if not (layers and heads and kv_heads and hidden):
         return None
     types = text.get("layer_types")
+    share = (stage_layers or layers) / layers
     if isinstance(types, list) and types:
         layers = sum(1 for t in types if t == "full_attention") or layers
     head_dim = _config_int(text, "head_dim") or hidden // heads
-    kv_dtype = (args.kv_cache_dtype or "auto").lower()
-    size = 1 if kv_dtype.startswith("fp8") else dtype
+    size = 1 if (args.kv_cache_dtype or "auto").lower().startswith("fp8") else dtype
     per_rank_heads = max(1.0, kv_heads / args.tensor_parallel_size)
-    return 2.0 * layers * per_rank_heads * head_dim * size
+    return 2.0 * layers * share * per_rank_heads * head_dim * size
 
 
-def _forward(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[float, Any, float | None]:
+def _kv_element_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
+    return (
+        1
+        if (args.kv_cache_dtype or "auto").lower().startswith("fp8")
+        else _logits_bytes(args, ckpt)
+    )
+
+
+def _forward(
+    ckpt: Checkpoint | None, args: ServeArgs, stage_layers: int | None
+) -> tuple[float, Any, float | None]:
     """(activation bytes per rank, the sampler burst, KV bytes per token per rank)."""
     text = text_config(ckpt.config) if ckpt else {}
     dtype = _logits_bytes(args, ckpt)
@@ -260,7 +278,7 @@ def _forward(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[float, Any, floa
             burst = estimate_sampler_burst(shape)
         except ValueError:
             burst = None
-    return activations, burst, _kv_bytes_per_token(text, args, dtype)
+    return activations, burst, _kv_bytes_per_token(text, args, dtype, stage_layers)
 
 
 def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tuple[bool, str]:
@@ -277,53 +295,107 @@ def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tupl
 
 
 def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[str, str]:
-    """The method the weights load with (``-q``, else the checkpoint's format), and the
+    """The method the weights load with (the checkpoint's format, else ``-q``), and the
     ``assumed:`` line where only the model's name said so."""
-    given = (args.quantization or "").lower()
-    if given:
-        return given, ""
-    found, source = checkpoint_format(ckpt, args.model)
-    if found is None:
-        return "", ""
-    return found, (f"{found} checkpoint, {source}" if source.startswith("assumed") else "")
+    fmt = weight_format(ckpt, args)
+    assumed = fmt.source.startswith("assumed")
+    return fmt.method, (f"{fmt.method} checkpoint, {fmt.source}" if assumed else "")
+
+
+def _layout(args: ServeArgs) -> layout.Layout:
+    return layout.of(
+        args.tensor_parallel_size,
+        args.pipeline_parallel_size,
+        args.data_parallel_size,
+        args.data_parallel_size_local,
+        args.nnodes,
+        args.distributed_executor_backend,
+        args.enable_expert_parallel,
+    )
+
+
+def _weights(
+    machine: Machine, args: ServeArgs, ckpt: Checkpoint, fmt: formats.Format, place: layout.Layout
+) -> dict[str, Any]:
+    linear, other = _split_weights(ckpt)
+    on_the_fly = fmt.on_the_fly and fmt.method in ON_THE_FLY_QUANT and ckpt.dtype in _DTYPE_BYTES
+    unit, unit_kind = largest_staged_params(ckpt) if on_the_fly else (0.0, "")
+    legacy, why = _load_mode(machine, args, fmt.method, unit_kind)
+    per_weight = _bytes_per_weight(machine, fmt, ckpt, args)
+    share, _ = layout.largest_stage(ckpt.config, float(ckpt.total_bytes), place.pp)
+    return {
+        "other_weight_bytes": other,
+        "linear_params": linear,
+        "linear_bytes_per_weight": 2.0 if per_weight is None else per_weight,
+        "weights_known": per_weight is not None,
+        "prequantized": fmt.prequantized,
+        "int4_layouts": machine.int4_layouts if fmt.method in INT4 else 0,
+        "on_the_fly": on_the_fly,
+        "unit_params": unit,
+        "shard_16bit": float(ckpt.total_bytes),
+        "legacy_load": legacy,
+        "load_mode_why": why,
+        "stage_share": share,
+        "expert_share": layout.expert_share(ckpt) if place.expert_ranks > 1 else 0.0,
+    }
+
+
+def _model_facts(ckpt: Checkpoint | None, args: ServeArgs, machine: Machine) -> dict[str, Any]:
+    """What vLLM checks before any memory: the heads, the context, the format's platform."""
+    config = ckpt.config if ckpt else {}
+    text = text_config(config)
+    own = context.model_max_len(config)
+    fmt = weight_format(ckpt, args)
+    length = args.max_model_len
+    if length is None and not args.max_model_len_fitted and own is not None:
+        length = own[0]  # vLLM's default: the model's own context
+    return {
+        "attention_heads": _config_int(text, "num_attention_heads"),
+        "model_max_len": None if own is None else own[0],
+        "max_model_len": length,
+        "max_model_len_fitted": args.max_model_len_fitted,
+        "refusals": tuple(
+            why
+            for why in (
+                fmt.xpu_refusal,
+                context.refusal(args.max_model_len, config, machine.environ),
+            )
+            if why
+        ),
+    }
 
 
 def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> phases.Inputs:
     """The phase model's inputs for serving ``ckpt`` with ``args`` on ``machine``."""
-    quant, _ = quantization(ckpt, args)
-    prequantized = checkpoint_format(ckpt, args.model)[0] is not None
+    place = _layout(args)
+    fmt = weight_format(ckpt, args)
     keys = driver_facts.debug_keys(machine.environ)
-    activations, burst, kv_per_token = _forward(ckpt, args)
-    weights: dict[str, Any] = {}
-    if ckpt is not None:
-        linear, other = _split_weights(ckpt)
-        on_the_fly = not prequantized and quant in ON_THE_FLY_QUANT and ckpt.dtype in _DTYPE_BYTES
-        unit, unit_kind = largest_staged_params(ckpt) if on_the_fly else (0.0, "")
-        legacy, why = _load_mode(machine, args, quant, unit_kind)
-        weights = {
-            "other_weight_bytes": other,
-            "linear_params": linear,
-            "linear_bytes_per_weight": _bytes_per_weight(machine, quant, ckpt, args),
-            "int4_layouts": machine.int4_layouts if quant in INT4 else 0,
-            "on_the_fly": on_the_fly,
-            "unit_params": unit,
-            "shard_16bit": float(ckpt.total_bytes),
-            "legacy_load": legacy,
-            "load_mode_why": why,
-        }
+    _, stage_layers = layout.largest_stage(
+        ckpt.config if ckpt else {}, float(ckpt.total_bytes) if ckpt else 0.0, place.pp
+    )
+    activations, burst, kv_per_token = _forward(ckpt, args, stage_layers)
+    weights = _weights(machine, args, ckpt, fmt, place) if ckpt is not None else {}
     return phases.Inputs(
         tp=args.tensor_parallel_size,
+        pp=place.pp,
+        ranks_here=place.ranks_here,
+        engines_here=place.engines_here,
+        ranks_placed=place.placed,
+        expert_ranks=place.expert_ranks,
         utilization=args.gpu_memory_utilization,
         device_bytes=machine.device_bytes,
         **weights,
+        **_model_facts(ckpt, args, machine),
+        cpu_offload_bytes=args.cpu_offload_gb * GiB,
         staging_slots=machine.load_slots,
         kv_cache_bytes=args.kv_cache_memory_bytes,
+        kv_cache_dtype=args.kv_cache_dtype or "auto",
+        kv_element_bytes=_kv_element_bytes(args, ckpt),
         activation_bytes=activations,
         burst=burst,
         kv_headroom=machine.kv_headroom,
         kv_headroom_slack=machine.kv_headroom_slack,
         kv_bytes_per_token=kv_per_token,
-        max_model_len=args.max_model_len,
         gpus_in_context=machine.gpus_visible,
         battlemage_in_context=machine.battlemage_visible,
         runtime=machine.runtime,
@@ -334,4 +406,5 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
         plugin=machine.plugin,
         room=machine.room,
         swap=machine.swap,
+        not_modelled=args.not_modelled,
     )

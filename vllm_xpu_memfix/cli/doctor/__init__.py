@@ -89,8 +89,9 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
         )
     given = {"model": args.model or option or None}
     given.update({name: getattr(args, name, None) for name in serveline.FIELDS})
+    own = {name: value for name, value in given.items() if value is not None and name != "model"}
     base = ServeArgs(
-        **{name: value for name, value in given.items() if value is not None and name != "model"},
+        **serveline.fitted(own),
         model=given["model"],
         device_memory_gib=args.device_memory_gib,
         params=args.params,
@@ -99,7 +100,10 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
     if line is None:
         return base
     parsed = serveline.parse(line, replace(base, model=None))
+    fitted = parsed.max_model_len_fitted and given.get("max_model_len") == serveline.FITTED
     for name, value in given.items():
+        if name == "max_model_len" and fitted:
+            continue
         if value is not None and getattr(parsed, name) != value:
             raise serveline.ServeLineError(
                 f"{name} is {value!r} in doctor's flags but {getattr(parsed, name)!r} in the "

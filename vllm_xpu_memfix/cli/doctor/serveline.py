@@ -2,7 +2,8 @@
 
 Takes ``vllm serve MODEL ARGS...`` and ``python -m vllm.entrypoints.openai.api_server
 --model MODEL ARGS...``, flags as ``--flag value`` or ``--flag=value``. The flags that
-change memory are modelled; every other one is kept, as given, in ``not_modelled``.
+change memory are modelled; those ``startup.domain`` holds not modelled are kept, as given,
+in ``not_modelled`` (the preflight names the same from the table); the rest change no memory.
 
 :data:`MODELLED` is also the table of doctor's own serve flags (``cli.build_parser`` adds
 one option per field, read by :func:`value_of`), so a flag means the same before and
@@ -18,6 +19,7 @@ from typing import Any
 
 from vllm_xpu_memfix.cli.doctor.facts import ServeArgs
 from vllm_xpu_memfix.core.numbers import Bounds, refusal
+from vllm_xpu_memfix.startup import domain
 
 
 class ServeLineError(ValueError):
@@ -28,6 +30,9 @@ RANKS = Bounds(1, 1024, integer=True)
 UTILIZATION = Bounds(0, 1, above_minimum=True)
 COUNT = Bounds(1, 10**9, integer=True)
 BYTES = Bounds(0, 2**50, integer=True)
+INDEX = Bounds(0, 1023, integer=True)
+OFFLOAD_GIB = Bounds(0, 2**20, unit="GiB")
+FITTED = -1  # --max-model-len -1 or auto: vLLM fits the context to the KV cache
 # vLLM's human-readable integers (--max-model-len 32k, --kv-cache-memory-bytes 20G):
 # lower-case suffixes are decimal, upper-case binary (vllm.utils human_readable_int).
 _HUMAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmMgGtT]?)")
@@ -41,13 +46,34 @@ MODELLED: dict[str, tuple[str, str]] = {
     "--quantization": ("quantization", "quantization"),
     "-q": ("quantization", "quantization"),
     "--dtype": ("dtype", "dtype"),
-    "--max-model-len": ("max_model_len", "human"),
+    "--max-model-len": ("max_model_len", "length"),
     "--max-num-seqs": ("max_num_seqs", "count"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", "human"),
     "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", "bytes"),
     "--max-parallel-loading-workers": ("max_parallel_loading_workers", "ranks"),
     "--kv-cache-dtype": ("kv_cache_dtype", "text"),
     "--model": ("model", "text"),
+}
+# Modelled flags read from the serve line only (not doctor's own flags).
+LINE_ONLY: dict[str, tuple[str, str]] = {
+    "--pipeline-parallel-size": ("pipeline_parallel_size", "ranks"),
+    "-pp": ("pipeline_parallel_size", "ranks"),
+    "--data-parallel-size": ("data_parallel_size", "ranks"),
+    "-dp": ("data_parallel_size", "ranks"),
+    "--data-parallel-size-local": ("data_parallel_size_local", "ranks"),
+    "-dpl": ("data_parallel_size_local", "ranks"),
+    "--nnodes": ("nnodes", "ranks"),
+    "-n": ("nnodes", "ranks"),
+    "--distributed-executor-backend": ("distributed_executor_backend", "text"),
+    "--node-rank": ("node_rank", "index"),
+    "-r": ("node_rank", "index"),
+    "--cpu-offload-gb": ("cpu_offload_gb", "gib"),
+}
+# Modelled switches: flag -> (field, value).
+MODELLED_SWITCHES = {
+    "--enable-expert-parallel": ("enable_expert_parallel", True),
+    "-ep": ("enable_expert_parallel", True),
+    "--no-enable-expert-parallel": ("enable_expert_parallel", False),
 }
 # The ServeArgs fields the serve flags set, the model aside (doctor takes it as MODEL).
 FIELDS = tuple(dict.fromkeys(name for name, _ in MODELLED.values() if name != "model"))
@@ -56,6 +82,9 @@ ACCEPTED = {
     "utilization": UTILIZATION.accepted,
     "count": COUNT.accepted,
     "human": "a whole number, optionally with k, m, g (x1000) or K, M, G (x1024)",
+    "length": "auto, -1, or a whole number, optionally with k, m, g (x1000) or K, M, G (x1024)",
+    "index": INDEX.accepted,
+    "gib": OFFLOAD_GIB.accepted,
     "bytes": "a whole number of bytes, optionally with k, m, g (x1000) or K, M, G (x1024)",
     "text": "a value",
 }
@@ -65,7 +94,8 @@ HELP = {
     "gpu_memory_utilization": "share of each GPU's memory vLLM may use (default: 0.92)",
     "quantization": "quantization method, as vllm serve takes it (e.g. sym_int4, fp8)",
     "dtype": "weights' dtype (auto, bfloat16, float16, ...; default: the checkpoint's)",
-    "max_model_len": "longest sequence (32k = 32000, 32K = 32768)",
+    "max_model_len": "longest sequence (32k = 32000, 32K = 32768; auto or -1: fitted to the KV "
+    "cache; default: the model's own)",
     "max_num_seqs": "sequences per batch",
     "max_num_batched_tokens": "tokens per batch",
     "kv_cache_memory_bytes": "KV cache size per GPU in bytes (20G), instead of the utilization",
@@ -125,12 +155,16 @@ def value_of(kind: str, raw: str) -> Any:
         if names is not None and raw.strip() not in names:
             raise ValueError(refusal(raw, ", ".join(names)))
         return raw.strip()
-    if kind in ("human", "bytes"):
+    if kind == "length" and raw.strip().lower() in ("auto", "-1"):
+        return FITTED
+    if kind in ("human", "bytes", "length"):
         number = _human(raw)
         bounds = BYTES if kind == "bytes" else COUNT
         value = None if number is None else bounds.value_of(str(number))
     else:
-        value = {"ranks": RANKS, "utilization": UTILIZATION, "count": COUNT}[kind].value_of(raw)
+        bounds_of = {"ranks": RANKS, "utilization": UTILIZATION, "count": COUNT}
+        bounds_of.update(index=INDEX, gib=OFFLOAD_GIB)
+        value = bounds_of[kind].value_of(raw)
     if value is None:
         raise ValueError(refusal(raw, ACCEPTED[kind]))
     return value
@@ -172,12 +206,17 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
             i += 1
             continue
         flag, has_value, value = word.partition("=")
-        if flag in MODELLED:
+        if flag in MODELLED_SWITCHES and not has_value:
+            name, on = MODELLED_SWITCHES[flag]
+            if fields.get(name, on) != on:
+                raise ServeLineError(f"{flag} contradicts an earlier flag; give one")
+            fields[name] = on
+        elif flag in MODELLED or flag in LINE_ONLY:
             if not has_value:
                 if i + 1 >= len(args):
                     raise ServeLineError(f"{flag} is missing its value")
                 value, i = args[i + 1], i + 1
-            name, kind = MODELLED[flag]
+            name, kind = MODELLED.get(flag) or LINE_ONLY[flag]
             given = _value(flag, kind, value)
             if name in fields and fields[name] != given:
                 raise ServeLineError(
@@ -188,10 +227,12 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
             takes_value = (
                 not has_value
                 and flag not in SWITCHES
+                and not flag.startswith("--no-")
                 and i + 1 < len(args)
                 and not args[i + 1].startswith("-")
             )
-            other.append(f"{word} {args[i + 1]}" if takes_value else word)
+            if domain.side_of(flag) is not None:
+                other.append(f"{word} {args[i + 1]}" if takes_value else word)
             i += 1 if takes_value else 0
         i += 1
     if positional:
@@ -205,4 +246,11 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
         raise ServeLineError(
             "the serve line names no model; accepted: vllm serve MODEL [ARGS...] or --model MODEL"
         )
-    return replace(base, **fields, not_modelled=tuple(other))
+    return replace(base, **fitted(fields), not_modelled=tuple(other))
+
+
+def fitted(fields: dict[str, Any]) -> dict[str, Any]:
+    """``--max-model-len auto`` / ``-1`` as ServeArgs holds it: no length, fitted."""
+    if fields.get("max_model_len") == FITTED:
+        return {**fields, "max_model_len": None, "max_model_len_fitted": True}
+    return fields

@@ -1,0 +1,168 @@
+"""A checkpoint's weight format, from its own ``quantization_config`` (or a GGUF header,
+or ``-q``): the device bytes per linear weight element, whether the weights are converted
+while loading, and whether vLLM serves the format on Intel's XPU platform at all.
+
+The methods are those of vLLM 0.32.0's quantization registry
+(``vllm/model_executor/layers/quantization/__init__.py``, ``QuantizationMethods``), plus
+``bitsandbytes`` and ``gguf`` (older vLLM), and Intel's ``sym_int4`` family (llm-scaler
+images). A method this table cannot size is not sized: the device is then not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_xpu_memfix.intel import catalog
+
+# vLLM 0.32.0 vllm/platforms/xpu.py, XPUPlatform.supported_quantization (0.34.0's is the
+# same); Platform.verify_quantization refuses any other method "is currently not supported
+# in xpu". Intel's images add their own sym_int4 family.
+XPU_SUPPORTED = frozenset(
+    {
+        "awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "inc", "fp8", "deepseek_v4_fp8",
+        "mxfp4", "mxfp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "online",
+        "gpt_oss_mxfp4", "modelopt", "compressed-tensors",
+    }
+)  # fmt: skip
+INTEL_INT4 = frozenset({"sym_int4", "int4", "woq_int4"})
+XPU_SOURCE = "vllm/platforms/xpu.py XPUPlatform.supported_quantization, 0.32.0"
+
+# Methods that quantize 16-bit weights while loading (given with -q on a 16-bit checkpoint):
+# device bytes per weight element.
+ON_THE_FLY = {
+    "fp8": 1.0,
+    "fp8_per_tensor": 1.0,
+    "fp8_per_block": 1.0,
+    "fp8_per_channel": 1.0,
+    "int8_per_channel_weight_only": 1.0,
+    "mxfp8": 1.0 + 1 / 32,  # 8-bit values and one 8-bit scale per 32
+    "nvfp4_per_token": 0.5 + 1 / 16,  # 4-bit values and one FP8 scale per 16
+    **dict.fromkeys(INTEL_INT4, catalog.ONE_LAYOUT),
+}
+# Fixed-width formats of a checkpoint quantized ahead of time, by method.
+_FIXED = {
+    "fp8": 1.0,
+    "fbgemm_fp8": 1.0,
+    "deepseek_v4_fp8": 1.0,
+    "experts_int8": 1.0,
+    "mxfp4": 0.5 + 1 / 32,  # 4.25 bits: 4-bit values, one E8M0 scale per 32
+    "gpt_oss_mxfp4": 0.5 + 1 / 32,
+    "mxfp8": 1.0 + 1 / 32,
+    "modelopt_fp4": 0.5 + 1 / 16,
+    "modelopt_mxfp8": 1.0 + 1 / 32,
+    "w8a8": 1.0,
+    "int8": 1.0,
+}
+_INT_GROUPED = {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "gptq_marlin", "inc"}
+_INT_GROUPED |= {"moe_wna16", "int4", "w4a16"}
+_MODELOPT = {"FP8": 1.0, "NVFP4": 0.5 + 1 / 16, "MXFP8": 1.0 + 1 / 32}
+
+
+@dataclass(frozen=True)
+class Format:
+    """``method`` "" for 16-bit weights; ``bytes_per_weight`` None: not sized."""
+
+    method: str
+    bytes_per_weight: float | None
+    prequantized: bool
+    source: str = ""
+
+    @property
+    def on_the_fly(self) -> bool:
+        return bool(self.method) and not self.prequantized
+
+    @property
+    def xpu_refusal(self) -> str:
+        """vLLM's reason to refuse the format on XPU; "" where it serves it."""
+        if not self.method or self.method in XPU_SUPPORTED or self.method in INTEL_INT4:
+            return ""
+        return (
+            f"{self.method} quantization is currently not supported in xpu "
+            f"({XPU_SOURCE}; Platform.verify_quantization)"
+        )
+
+
+def _number(section: Any, *keys: str) -> int | None:
+    if not isinstance(section, dict):
+        return None
+    for key in keys:
+        value = section.get(key)
+        if type(value) is int and value > 0:
+            return value
+    return None
+
+
+def _grouped(bits: int, group: int | None) -> float:
+    """Packed integer weights with a 16-bit scale (and a packed zero) per group."""
+    per_group = (2 + bits / 8) / group if group else 0.0
+    return bits / 8 + per_group
+
+
+def _compressed_tensors(config: dict[str, Any]) -> float | None:
+    """The widest weight scheme of ``config_groups`` (num_bits, group_size)."""
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return None
+    widths = []
+    for group in groups.values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        bits = _number(weights, "num_bits")
+        if bits is None:
+            return None
+        widths.append(_grouped(bits, _number(weights, "group_size")) if bits < 8 else bits / 8)
+    return max(widths)
+
+
+def _quark(config: dict[str, Any]) -> float | None:
+    glob = config.get("global_quant_config")
+    weight = glob.get("weight") if isinstance(glob, dict) else None
+    dtype = str(weight.get("dtype", "")) if isinstance(weight, dict) else ""
+    if dtype.startswith("fp8"):
+        return 1.0
+    if dtype in ("int4", "uint4"):
+        return _grouped(4, _number(weight, "group_size"))
+    if dtype.startswith("fp4"):
+        return 0.5 + 1 / 32
+    return None
+
+
+def _bitsandbytes(config: dict[str, Any]) -> float:
+    if config.get("load_in_8bit"):
+        return 1.0
+    return 0.5 + 4 / 64  # 4-bit NF4/FP4 with an fp32 absmax per block of 64
+
+
+def prequantized_bytes(method: str, config: dict[str, Any]) -> float | None:
+    """Device bytes per linear weight element of a checkpoint quantized with ``method``,
+    from its ``quantization_config``; None where the table cannot size it."""
+    if method in _FIXED:
+        return _FIXED[method]
+    if method in _INT_GROUPED:
+        bits = _number(config, "bits", "w_bit", "weight_bits") or 4
+        return _grouped(bits, _number(config, "group_size", "q_group_size") or 128)
+    if method == "compressed-tensors":
+        return _compressed_tensors(config)
+    if method in ("modelopt", "modelopt_mixed"):
+        algo = config.get("quant_algo") or (config.get("quantization") or {}).get("quant_algo")
+        return _MODELOPT.get(str(algo).upper())
+    if method == "quark":
+        return _quark(config)
+    if method == "bitsandbytes":
+        return _bitsandbytes(config)
+    return None
+
+
+def from_config(config: dict[str, Any] | None) -> Format | None:
+    """The checkpoint's own format, where its config names one."""
+    if not isinstance(config, dict) or not isinstance(config.get("quant_method"), str):
+        return None
+    method = config["quant_method"].lower()
+    if method == "gguf":
+        return Format(method, None, True, "the GGUF file's header")
+    return Format(method, prequantized_bytes(method, config), True, "config.json")
+
+
+def given(method: str) -> Format:
+    """A method given with ``-q`` on a 16-bit checkpoint: converted while loading."""
+    return Format(method, ON_THE_FLY.get(method), False, "-q")
