@@ -86,9 +86,7 @@ def engine_config(
         if settings.requested(module.FIX):
             module.install(patcher, settings)
     try:
-        args = EngineArgs(
-            model=str(model), skip_tokenizer_init=True, enforce_eager=True, **engine_args
-        )
+        args = EngineArgs(model=str(model), skip_tokenizer_init=True, **engine_args)
         return args.create_engine_config()
     finally:
         target = (config.PREFLIGHT.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config")
@@ -399,29 +397,42 @@ def test_two_tiles_are_two_devices_under_the_flat_hierarchy(
 
     host = add_tiles(build_host(tmp_path / "host", [B70]), "card1", 2)
     engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
-    assert "TP 2 with 1 GPU" not in _line(records)
+    assert "tp_exceeds_gpus" not in _line(records)
     monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
-    with pytest.raises(preflight.PreflightRefused, match="TP 2 with 1 GPU"):
+    with pytest.raises(preflight.PreflightRefused, match=r"tp_exceeds_gpus.*1x Arc Pro B70, 64"):
         engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize(
-    ("engine_args", "named"),
+    ("gpus", "engine_args"),
     [
-        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size not modelled"),
-        ({"max_model_len": -1}, "max_model_len -1/auto not modelled"),
-        ({"cpu_offload_gb": 40}, "cpu_offload_gb not modelled"),
+        (2, {"pipeline_parallel_size": 2}),
+        (1, {"cpu_offload_gb": 40}),
+        (1, {"tensor_parallel_size": 2, "nnodes": 2}),
+        (2, {"tensor_parallel_size": 2, "max_model_len": -1}),
     ],
+    ids=["PP 2 over two GPUs", "40 GiB offloaded", "TP 2 over two nodes", "max_model_len -1"],
 )
-def test_a_dimension_not_modelled_is_at_most_at_risk_and_never_refused(
-    b70_27b, monkeypatch, records, clean_env, engine_args, named
+def test_what_vllm_resolved_is_judged_and_these_start_ups_are_not_refused(
+    b70_27b, tmp_path, monkeypatch, records, clean_env, gpus, engine_args
 ):
-    """vLLM resolves these and the start-up may serve (PP splits the layers, the offload
-    moves 40 GiB to the host, -1 fits the context): the model does not size them yet."""
-    host, model = b70_27b
+    """Issue 46's false refusals of the 27B BF16 on 32 GiB B70s: each stage, the offload,
+    this node's one rank, and the fitted context are read from vLLM's configuration."""
+    _, model = b70_27b
+    host = build_host(tmp_path / "b70s", [B70] * gpus)
     engine_config(model, _refuse(host), monkeypatch, **engine_args)
+    assert "WILL" not in _line(records)
+
+
+def test_a_flag_the_model_does_not_cover_caps_the_verdict_and_never_refuses(
+    b70_27b, monkeypatch, records, clean_env
+):
+    """--enforce-eager changes device memory the model does not size (startup.domain):
+    the device verdict is at most at risk, and refuse lets it start."""
+    host, model = b70_27b
+    engine_config(model, _refuse(host), monkeypatch, enforce_eager=True)
     line = _line(records)
-    assert line.startswith(f"{LINE} AT RISK") and named in line
+    assert line.startswith(f"{LINE} AT RISK") and "--enforce-eager" in line
 
 
 def test_a_nan_in_config_json_keeps_the_config(b70_27b, monkeypatch, records, clean_env):

@@ -18,7 +18,7 @@ from vllm_xpu_memfix.intel import int4_layouts as layouts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint
 from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
-from vllm_xpu_memfix.startup import staging
+from vllm_xpu_memfix.startup import layout, staging
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
 
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
@@ -124,9 +124,19 @@ def load_slots(
     return slots if slots < tp else None
 
 
-def used_gpus(facts: HostFacts, tp: int) -> list[driver.Gpu]:
-    """The GPUs the ranks will take: the first ``tp`` visible ones, else every Intel GPU."""
-    return facts.visible[:tp] or facts.gpus
+def used_gpus(facts: HostFacts, args: ServeArgs) -> list[driver.Gpu]:
+    """The GPUs this node's ranks will take (TP x PP of each engine here: startup.layout):
+    the first visible ones, else every Intel GPU."""
+    here = layout.of(
+        args.tensor_parallel_size,
+        args.pipeline_parallel_size,
+        args.data_parallel_size,
+        args.data_parallel_size_local,
+        args.nnodes,
+        args.distributed_executor_backend,
+        args.enable_expert_parallel,
+    ).ranks_here
+    return facts.visible[:here] or facts.gpus
 
 
 def machine(
