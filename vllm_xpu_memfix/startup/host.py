@@ -18,8 +18,9 @@ from vllm_xpu_memfix.intel import int4_layouts as layouts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint
 from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
-from vllm_xpu_memfix.startup import layout, staging
+from vllm_xpu_memfix.startup import staging
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
+from vllm_xpu_memfix.startup.sizing import _layout as sizing_layout
 
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
@@ -127,15 +128,7 @@ def load_slots(
 def used_gpus(facts: HostFacts, args: ServeArgs) -> list[driver.Gpu]:
     """The GPUs this node's ranks will take (TP x PP of each engine here: startup.layout):
     the first visible ones, else every Intel GPU."""
-    here = layout.of(
-        args.tensor_parallel_size,
-        args.pipeline_parallel_size,
-        args.data_parallel_size,
-        args.data_parallel_size_local,
-        args.nnodes,
-        args.distributed_executor_backend,
-        args.enable_expert_parallel,
-    ).ranks_here
+    here = sizing_layout(args).ranks_here
     return facts.visible[:here] or facts.gpus
 
 
