@@ -242,20 +242,21 @@ def visible_gpus(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
 
 def _dpkg_versions(sysroot: Path, packages: tuple[str, ...]) -> dict[str, str]:
     """The installed versions of ``packages`` in dpkg's status. Only their stanzas are
-    parsed (found by ``str.find``): a desktop's status runs to tens of MiB."""
-    text = "\n" + (_read(sysroot / "var/lib/dpkg/status", files.LIST_CAP) or "") + "\n"
+    decoded and parsed (found in the bytes): a desktop's status runs to tens of MiB."""
+    data = files.host_bytes(sysroot / "var/lib/dpkg/status", files.LIST_CAP) or b""
     versions = {}
     for package in packages:
-        key = f"\nPackage: {package}\n"
-        start = text.find(key)
+        key = f"Package: {package}\n".encode()
+        start = data.find(key)
         while start != -1:
-            end = text.find("\n\n", start + 1)
-            stanza = text[start + 1 : end if end != -1 else len(text)]
-            lines = [line for line in stanza.splitlines() if ": " in line and line[0] != " "]
-            fields = dict(line.split(": ", 1) for line in lines)
-            if "install ok installed" in fields.get("Status", ""):
-                versions[package] = fields.get("Version", "")
-            start = text.find(key, start + 1)
+            end = data.find(b"\n\n", start)
+            if start == 0 or data[start - 1] == 0x0A:  # at a line's start
+                stanza = data[start : end if end != -1 else len(data)].decode("utf-8", "replace")
+                lines = [line for line in stanza.splitlines() if ": " in line and line[0] != " "]
+                fields = dict(line.split(": ", 1) for line in lines)
+                if "install ok installed" in fields.get("Status", ""):
+                    versions[package] = fields.get("Version", "").strip()
+            start = data.find(key, start + 1)
     return versions
 
 
