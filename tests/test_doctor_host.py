@@ -424,3 +424,38 @@ def test_without_the_standard_tomllib_the_host_file_is_read_with_tomli(tmp_path)
         text=True,
     )
     assert check.stdout.strip() == "tomli", check.stderr
+
+
+def test_the_serve_line_models_the_parallel_layout_offload_and_a_fitted_length():
+    args = serveline.parse(
+        [
+            "vllm", "serve", "/m", "-tp", "2", "-pp", "2", "-dp=4", "-dpl", "2", "--nnodes", "2",
+            "-r", "1", "-ep", "--distributed-executor-backend", "mp", "--cpu-offload-gb", "2.5",
+            "--max-model-len", "auto", "--enforce-eager",
+        ],
+        BASE,
+    )  # fmt: skip
+    assert (args.pipeline_parallel_size, args.data_parallel_size) == (2, 4)
+    assert (args.data_parallel_size_local, args.nnodes, args.node_rank) == (2, 2, 1)
+    assert args.enable_expert_parallel and args.distributed_executor_backend == "mp"
+    assert args.cpu_offload_gb == 2.5
+    assert args.max_model_len is None and args.max_model_len_fitted
+    assert args.not_modelled == ("--enforce-eager",)
+    assert serveline.parse(
+        ["vllm", "serve", "/m", "--max-model-len", "-1"], BASE
+    ).max_model_len_fitted
+    with pytest.raises(serveline.ServeLineError, match="--cpu-offload-gb '-3' is not valid"):
+        serveline.parse(["vllm", "serve", "/m", "--cpu-offload-gb", "-3"], BASE)
+
+
+def test_doctor_takes_max_model_len_auto_as_vllm_does(tmp_path):
+    """vLLM 0.32 accepts --max-model-len auto and -1 (human_readable_int_or_auto); so does
+    doctor, before and after --, and judges the context as fitted to the KV cache."""
+    host = host_file(tmp_path, B70_HOST)
+    for args in (
+        ("--max-model-len", "auto", "--", "vllm", "serve", "m"),
+        ("--", "vllm", "serve", "m", "--max-model-len", "-1"),
+    ):
+        result = doctor("--host", host, "--json", "--params", "8B", *args)
+        assert result.returncode == 0, result.stderr
+        assert "fitted to the KV cache" in json.loads(result.stdout)["why"]

@@ -317,17 +317,7 @@ def test_docs_name_every_code():
         assert f"`{code}`" in docs, code
     troubleshooting = (Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text()
     for code in (*codes.CAUSES, *codes.REMEDIES):
-        # troubleshooting.md goes by memory symptom; vLLM's refusals and the context's
-        # remedies (issue 45) are doctor.md's alone.
-        if code not in (
-            codes.PROCESS_BASELINE,
-            codes.CONTAINER_LIMIT,
-            codes.VLLM_REFUSES,
-            codes.CONTEXT_EXCEEDS_KV_CACHE,
-            codes.MAX_MODEL_LEN,
-            codes.KV_CACHE_DTYPE,
-            codes.TP_FOR_GPUS,
-        ):
+        if code not in (codes.PROCESS_BASELINE, codes.CONTAINER_LIMIT):
             assert f"`{code}`" in troubleshooting, code
 
 

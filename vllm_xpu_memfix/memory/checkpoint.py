@@ -357,6 +357,8 @@ def read_checkpoint(
     ``name`` stands for the directory in messages (a Hugging Face id, for a cache)."""
     directory = Path(directory)
     name = name or str(directory)
+    if directory.is_file() and directory.suffix.lower() == ".gguf":
+        return read_gguf(directory, name)
     if not directory.is_dir():
         raise CheckpointError(f"{name} is not a directory")
     config, config_problem = read_config(directory)
@@ -407,6 +409,21 @@ def read_checkpoint(
         tuple(refused),
         assumed_dtype,
     )
+
+
+def read_gguf(path: Path, name: str) -> Checkpoint:
+    """A GGUF file, from its own header: its tensors at their quantized sizes, and its
+    sizes as config.json names them, with ``quant_method`` gguf."""
+    from vllm_xpu_memfix.memory import gguf
+
+    try:
+        found, config = gguf.read(path)
+    except gguf.GgufError as exc:
+        raise CheckpointError(f"{name}: {exc}") from None
+    if not found:
+        raise CheckpointError(f"{name}: its GGUF header names no tensors")
+    tensors = tuple(Tensor(n, kind, shape, nbytes) for n, kind, shape, nbytes in found)
+    return Checkpoint(path.parent, (path,), tensors, config)
 
 
 def checkpoint_from_params(params: int, dtype: str = "BF16") -> Checkpoint:

@@ -5,6 +5,7 @@ the two together). A code is never renamed: scripts match on it."""
 from __future__ import annotations
 
 from vllm_xpu_memfix.core.causes import (
+    CONTEXT_EXCEEDS_KV_CACHE,
     DEVICE_OVERCOMMIT,
     DRIVER_HOST_COPY,
     DUPLICATE_INT4_LAYOUT,
@@ -12,6 +13,7 @@ from vllm_xpu_memfix.core.causes import (
     QUANT_STAGING,
     SAMPLER_BURST,
     TP_EXCEEDS_GPUS,
+    VLLM_REFUSES,
     XE_PEER_CONTEXT_OOM,
 )
 from vllm_xpu_memfix.intel import driver_facts as dfacts
@@ -39,8 +41,6 @@ HOST, DEVICE = "host", "device"
 
 # --- causes ----------------------------------------------------------------------------
 
-VLLM_REFUSES = "vllm_refuses"
-CONTEXT_EXCEEDS_KV_CACHE = "context_exceeds_kv_cache"
 
 # The names live in core.causes (the fixes' log records give them too); the meanings here.
 
@@ -139,5 +139,6 @@ REMEDIES = {
     "device bytes per weight; converted on the host while loading, at some accuracy cost",
     MAX_MODEL_LEN: "the longest --max-model-len whose one sequence the KV cache holds",
     KV_CACHE_DTYPE: "--kv-cache-dtype fp8: one byte a KV element, twice the tokens",
-    TP_FOR_GPUS: "a --tensor-parallel-size the visible GPUs hold (or make more GPUs visible)",
+    TP_FOR_GPUS: "a --tensor-parallel-size the visible GPUs hold (or make more GPUs visible) "
+    "and that divides the attention heads",
 }

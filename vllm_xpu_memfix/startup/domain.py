@@ -185,27 +185,28 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _default(spec: dataclasses.Field[Any]) -> Any:
-    if spec.default is not dataclasses.MISSING:
-        return spec.default
-    if spec.default_factory is not dataclasses.MISSING:
-        return spec.default_factory()
-    return None
-
-
 def _shown(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":"), default=str)
+    try:
+        text = json.dumps(value, separators=(",", ":"), default=str)
+    except ValueError:  # a circular value
+        text = repr(value)
     text = text if isinstance(value, (dict, list)) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_default(value: Any, default: Any) -> bool:
-    if value is None or value == "":
-        return True  # vLLM's parser gives None (or "") for a flag not given
+def _is_default(value: Any, spec: dataclasses.Field[Any]) -> bool:
+    """Whether ``value`` is the field's default; one that cannot be built or compared is
+    taken as the default (the preflight must never fail on a field it does not judge)."""
     try:
-        return bool(value == default)
-    except Exception:  # a value that cannot be compared is taken as set
-        return False
+        if value is None or (isinstance(value, str) and not value):
+            return True  # vLLM's parser gives None (or "") for a flag not given
+        if spec.default is not dataclasses.MISSING:
+            return bool(value == spec.default)
+        if spec.default_factory is not dataclasses.MISSING:
+            return bool(value == spec.default_factory())
+    except Exception:
+        return True
+    return True
 
 
 def not_modelled(engine_args: Any) -> tuple[str, ...]:
@@ -215,8 +216,8 @@ def not_modelled(engine_args: Any) -> tuple[str, ...]:
     for spec in dataclasses.fields(engine_args):
         if DOMAIN.get(spec.name, MODELLED) in (MODELLED, NO_MEMORY_EFFECT):
             continue
-        value = getattr(engine_args, spec.name)
-        if _is_default(value, _default(spec)):
+        value = getattr(engine_args, spec.name, None)
+        if _is_default(value, spec):
             continue
         flag = flag_of(spec.name)
         if isinstance(value, bool):

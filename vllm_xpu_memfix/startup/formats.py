@@ -144,7 +144,10 @@ def prequantized_bytes(method: str, config: dict[str, Any]) -> float | None:
     if method == "compressed-tensors":
         return _compressed_tensors(config)
     if method in ("modelopt", "modelopt_mixed"):
-        algo = config.get("quant_algo") or (config.get("quantization") or {}).get("quant_algo")
+        nested = config.get("quantization")
+        algo = config.get("quant_algo") or (
+            nested.get("quant_algo") if isinstance(nested, dict) else None
+        )
         return _MODELOPT.get(str(algo).upper())
     if method == "quark":
         return _quark(config)

@@ -31,7 +31,7 @@ from vllm_xpu_memfix.core.units import GiB, MiB, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
-from vllm_xpu_memfix.startup import codes, domain, reserve, staging
+from vllm_xpu_memfix.startup import codes, limits, reserve, staging
 
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
 # call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
@@ -310,14 +310,6 @@ def _judge_device(inp: Inputs, name: str, phase: Phase) -> tuple[str, str]:
     return verdict, f"{phase.device / inp.device_bytes:.0%} of the device's memory"
 
 
-def short_context(inp: Inputs) -> bool:
-    """vLLM's check at KV cache allocation: one --max-model-len sequence must fit."""
-    tokens = inp.kv_tokens
-    if inp.max_model_len_fitted or tokens is None or not inp.max_model_len:
-        return False
-    return 0 < tokens < inp.max_model_len
-
-
 def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
     if phase.device is None or inp.device_bytes is None or not inp.weights_known:
         return codes.FITS
@@ -325,7 +317,7 @@ def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
     if name == codes.KV_CACHE and kv is not None:
         if kv <= 0:
             return codes.RUNS_OUT  # vLLM: no memory left for the KV cache blocks
-        if short_context(inp):
+        if limits.short_context(inp):
             return codes.RUNS_OUT  # vLLM: the KV cache cannot hold one max-model-len sequence
     if phase.device > inp.device_bytes:
         return codes.RUNS_OUT
@@ -337,11 +329,11 @@ def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
 def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
     gib = 1 / GiB
     causes = []
-    if ranks_over_gpus(inp):
-        causes.append(Cause(codes.TP_EXCEEDS_GPUS, 0.0, _ranks_why(inp)))
-    for why in vllm_refusals(inp):
+    if limits.ranks_over_gpus(inp):
+        causes.append(Cause(codes.TP_EXCEEDS_GPUS, 0.0, limits.ranks_why(inp)))
+    for why in limits.vllm_refusals(inp):
         causes.append(Cause(codes.VLLM_REFUSES, 0.0, why))
-    if short_context(inp):
+    if limits.short_context(inp):
         causes.append(
             Cause(
                 codes.CONTEXT_EXCEEDS_KV_CACHE,
@@ -441,58 +433,6 @@ def _main_cause(causes: list[Cause], side: str | None) -> str:
     return max(on_side or causes, key=lambda c: c.gib).code
 
 
-def ranks_over_gpus(inp: Inputs) -> bool:
-    """More ranks on this node than GPUs visible: vLLM cannot place them."""
-    return inp.ranks_placed and 0 < inp.gpus_in_context < inp.host_ranks
-
-
-def _ranks_why(inp: Inputs) -> str:
-    if inp.host_ranks == inp.tp:
-        return (
-            f"--tensor-parallel-size {inp.tp} needs {inp.tp} GPUs; {inp.gpus_in_context} "
-            "visible (ZE_AFFINITY_MASK / ONEAPI_DEVICE_SELECTOR narrow them)"
-        )
-    return (
-        f"{inp.host_ranks} ranks on this node ({inp.engines_here} engine(s) x TP {inp.tp} x "
-        f"PP {inp.pp}) need {inp.host_ranks} GPUs; {inp.gpus_in_context} visible"
-    )
-
-
-def vllm_refusals(inp: Inputs) -> list[str]:
-    """vLLM's refusals read before any memory: the format on the platform, the context,
-    and TP against the heads (vllm/config/model.py:ModelConfig.verify_with_parallel_config)."""
-    found = list(inp.refusals)
-    heads = inp.attention_heads
-    if heads and heads % inp.tp:
-        found.append(
-            f"total number of attention heads ({heads}) must be divisible by tensor parallel "
-            f"size ({inp.tp}) (vllm/config/model.py:ModelConfig.verify_with_parallel_config)"
-        )
-    return found
-
-
-def unmodelled_on(inp: Inputs, side: str) -> list[str]:
-    """The flags set that the model does not cover and that change ``side``."""
-    return [flag for flag in inp.not_modelled if domain.side_of(flag) in (side, domain.BOTH)]
-
-
-def _capped(inp: Inputs, side: str, why: str) -> str | None:
-    """``why`` capped at "at risk" where a not-modelled flag changes ``side``; else None."""
-    flags = unmodelled_on(inp, side)
-    if not flags:
-        return None
-    named = ", ".join(flags[:3]) + (" ..." if len(flags) > 3 else "")
-    return f"{why}; not modelled on the {side}: {named}, so at most at risk"
-
-
-def _fitted(inp: Inputs) -> str:
-    tokens = inp.kv_tokens
-    if not inp.max_model_len_fitted or tokens is None:
-        return ""
-    length = min(tokens, inp.model_max_len or tokens)
-    return f"--max-model-len fitted to the KV cache: about {length:,} tokens"
-
-
 def run(inp: Inputs) -> Outcome:
     """The phases, the causes and the verdict for ``inp``. vLLM's refusals come first,
     never as a memory cause. Within a phase the device is judged before the host: what the
@@ -503,13 +443,13 @@ def run(inp: Inputs) -> Outcome:
     phases = _phases(inp)
     causes = _causes(inp, phases)
     start = {"phase": codes.LOAD, "where": codes.DEVICE}
-    refused = vllm_refusals(inp)
+    refused = limits.vllm_refusals(inp)
     if refused:
         why = f"vLLM refuses to start: {refused[0]}"
         return Outcome(inp, phases, causes, codes.WILL_FAIL, start, why, codes.VLLM_REFUSES)
     worst, why, side = codes.FITS, "", None
     certain = []
-    if ranks_over_gpus(inp):
+    if limits.ranks_over_gpus(inp):
         ranks = f"TP {inp.tp}"
         if inp.host_ranks != inp.tp:
             ranks = (
@@ -522,7 +462,7 @@ def run(inp: Inputs) -> Outcome:
             ("compute-runtime #916: every device allocation fails", codes.XE_PEER_CONTEXT_OOM)
         )
     for text, code in certain:
-        capped = _capped(inp, codes.DEVICE, text)
+        capped = limits.capped(inp, codes.DEVICE, text)
         if capped is None:
             return Outcome(inp, phases, causes, codes.WILL_FAIL, start, text, code)
         if worst == codes.FITS:
@@ -532,7 +472,7 @@ def run(inp: Inputs) -> Outcome:
             judged, share = judge(inp, name, phase)
             text = f"{where} at {name}: {share}"
             if judged == codes.RUNS_OUT:
-                capped = _capped(inp, where, text)
+                capped = limits.capped(inp, where, text)
                 if capped is None:
                     main = _main_cause(causes, where)
                     at = {"phase": name, "where": where}
@@ -545,7 +485,7 @@ def run(inp: Inputs) -> Outcome:
         # Not known to hold, but fatal if it does: at risk, with what is unknown.
         possible = f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown"
         main = _main_cause(causes, side) if why else codes.XE_PEER_CONTEXT_OOM
-        why = "; ".join(part for part in (why, possible, _fitted(inp)) if part)
+        why = "; ".join(part for part in (why, possible, limits.fitted(inp)) if part)
         return Outcome(inp, phases, causes, codes.AT_RISK, None, why, main, worst)
-    why = "; ".join(part for part in (why, _fitted(inp)) if part)
+    why = "; ".join(part for part in (why, limits.fitted(inp)) if part)
     return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side))

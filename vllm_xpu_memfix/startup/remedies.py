@@ -15,7 +15,7 @@ from vllm_xpu_memfix.core.units import GiB, MiB, rounded, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.room import Room
-from vllm_xpu_memfix.startup import codes
+from vllm_xpu_memfix.startup import codes, limits, resizing
 from vllm_xpu_memfix.startup import phases as model
 
 # Cheapest first: a variable, a plugin switch, a flag that costs time, one that costs KV
@@ -42,9 +42,6 @@ COST_ORDER = (
 _RANK = {verdict: i for i, verdict in enumerate(codes.VERDICTS)}
 LOWEST_UTILIZATION = 0.30
 PLUGIN = "vllm-xpu-memfix"
-# Tensor-parallel sizes tried for more_gpus (vLLM needs TP to divide the heads).
-TP_SIZES = (2, 4, 8, 16)
-BLOCK = 16  # a --max-model-len remedy is rounded down to vLLM's KV block
 # Formats tried for quantize, with their device bytes per linear weight and their cost.
 QUANT_FORMATS = (
     ("fp8", 1.0, "-q fp8: 8-bit weights, converted while loading; a small accuracy cost"),
@@ -146,104 +143,15 @@ def _first_better(
     return next(iter(fitting or better), None)
 
 
-def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
-    """``inp`` at another TP size: each rank a share of the weights and KV heads."""
-    per_token = inp.kv_bytes_per_token
-    ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
-    return replace(
-        inp,
-        tp=tp,
-        ranks_here=ranks,
-        kv_bytes_per_token=None if per_token is None else per_token * inp.tp / tp,
-        gpus_in_context=max(ranks, inp.gpus_in_context),
-    )
-
-
-def _tp_sizes(inp: model.Inputs) -> list[int]:
-    """The TP sizes vLLM accepts for this model (dividing the heads), ascending."""
-    heads = inp.attention_heads
-    return [tp for tp in TP_SIZES if not heads or heads % tp == 0]
-
-
 def _more_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
     """The smallest larger TP, over as many GPUs, with which the start-up fits (or does
     better)."""
     inp = out.inputs
-    visible = min(inp.tp, inp.gpus_in_context or inp.tp)
-    found = _first_better(out, _gpu_tries(inp, visible))
+    if limits.ranks_over_gpus(inp):
+        return []  # the GPUs it has are too few already: tp_for_visible_gpus
+    visible = min(inp.host_ranks, inp.gpus_in_context or inp.host_ranks)
+    found = _first_better(out, resizing.gpu_tries(inp, visible))
     return [(codes.MORE_GPUS, found[1], found[2], found[0])] if found else []
-
-
-def _gpu_tries(inp: model.Inputs, visible: int) -> list[tuple[model.Inputs, str, str]]:
-    return [
-        (
-            with_tp(inp, tp),
-            f"--tensor-parallel-size {tp} on {tp} GPUs",
-            f"{tp - visible} more GPU(s); TP must divide the attention heads",
-        )
-        for tp in _tp_sizes(inp)
-        if tp > inp.tp
-    ]
-
-
-def _tp_for_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
-    """Ranks above the visible GPUs: the largest TP the GPUs hold (dividing the heads)."""
-    inp = out.inputs
-    if not model.ranks_over_gpus(inp):
-        return []
-    per_tp = inp.host_ranks // inp.tp
-    heads = inp.attention_heads
-    fitting = [
-        tp
-        for tp in range(inp.tp - 1, 0, -1)
-        if per_tp * tp <= inp.gpus_in_context and (not heads or heads % tp == 0)
-    ]
-    if not fitting:
-        return []
-    tp = fitting[0]
-    return [
-        (
-            codes.TP_FOR_GPUS,
-            f"--tensor-parallel-size {tp} for the {inp.gpus_in_context} GPU(s) visible, or "
-            f"make {inp.host_ranks} GPUs visible (ZE_AFFINITY_MASK)",
-            "each GPU holds a larger share of the weights",
-            with_tp(inp, tp),
-        )
-    ]
-
-
-def _context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
-    """One --max-model-len sequence above the KV cache: the length that fits, and an FP8
-    KV cache."""
-    inp = out.inputs
-    if not model.short_context(inp):
-        return []
-    tokens = (inp.kv_tokens or 0) // BLOCK * BLOCK
-    found = []
-    if tokens:
-        found.append(
-            (
-                codes.MAX_MODEL_LEN,
-                f"--max-model-len {tokens}",
-                f"sequences up to {tokens:,} tokens instead of {inp.max_model_len:,}",
-                replace(inp, max_model_len=tokens),
-            )
-        )
-    if inp.kv_element_bytes > 1 and inp.kv_bytes_per_token:
-        found.append(
-            (
-                codes.KV_CACHE_DTYPE,
-                "--kv-cache-dtype fp8",
-                "twice the tokens in the KV cache; a small accuracy cost",
-                replace(
-                    inp,
-                    kv_bytes_per_token=inp.kv_bytes_per_token / inp.kv_element_bytes,
-                    kv_element_bytes=1,
-                    kv_cache_dtype="fp8",
-                ),
-            )
-        )
-    return found
 
 
 def _quantize_tries(inp: model.Inputs) -> list[tuple[model.Inputs, str, str]]:
@@ -382,9 +290,9 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
                 )
             )
     found += _more_room(context, out)
-    found += _context(out)
+    found += resizing.context(out)
     found += _quantize(out)
-    found += _tp_for_gpus(out)
+    found += resizing.tp_for_gpus(out)
     found += _more_gpus(out)
     return found
 
@@ -469,9 +377,9 @@ def _combination(
     """Where no one remedy makes the start-up fit: the cheapest pair that does (cost order
     first, then fewest GPUs)."""
     inp = out.inputs
-    visible = min(inp.tp, inp.gpus_in_context or inp.tp)
+    visible = min(inp.host_ranks, inp.gpus_in_context or inp.host_ranks)
     moves = list(found)
-    moves += [(codes.MORE_GPUS, w, c, i) for i, w, c in _gpu_tries(inp, visible)]
+    moves += [(codes.MORE_GPUS, w, c, i) for i, w, c in resizing.gpu_tries(inp, visible)]
     moves += [(codes.QUANTIZE, w, c, i) for i, w, c in _quantize_tries(inp)]
     pairs = [(a, b) for n, a in enumerate(moves) for b in moves[n + 1 :] if a[0] != b[0]]
     pairs.sort(key=lambda p: sorted((COST_ORDER.index(p[0][0]), COST_ORDER.index(p[1][0])))[::-1])
@@ -489,10 +397,11 @@ def _combination(
 def remedies(out: model.Outcome, context: Context | None = None) -> Judged:
     """Each remedy that applies, with the outcome of the model run with it; where none
     makes the start-up fit alone, the cheapest combination that does."""
-    refused = out.main_cause == codes.VLLM_REFUSES  # not memory: its own reason says what
-    if out.verdict == codes.FITS or refused:
+    if out.verdict == codes.FITS:
         return Judged([], [])
-    candidates = _candidates(context or Context(), out)
+    # vLLM's refusal is not memory's: only a TP that divides the heads answers one.
+    refused = out.main_cause == codes.VLLM_REFUSES
+    candidates = resizing.tp_for_heads(out) if refused else _candidates(context or Context(), out)
     found = [_remedy(out, *candidate) for candidate in candidates]
     if not any(r.after.memory_fits for r in found):
         found += _combination(out, candidates)

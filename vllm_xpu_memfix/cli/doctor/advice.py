@@ -71,6 +71,7 @@ def notes_for(measured: Measurement, outcome: Outcome, args: ServeArgs) -> list[
     inputs = outcome.inputs
     if (
         ckpt is not None
+        and inputs.device_judged
         and inputs.device_bytes
         and inputs.weights > inputs.utilization * inputs.device_bytes
     ):

@@ -56,7 +56,7 @@ def verdict_line(report: Report) -> str:
     if not report.host_judged:
         parts.append("not judged on the host: no RAM figures")
     if not report.device_judged:
-        parts.append("not judged on the device: its memory is not known")
+        parts.append("not judged on the device: its memory or the weights' format is not known")
     return f"Verdict: {report.verdict.upper()} ({'; '.join(parts)})"
 
 
@@ -93,9 +93,13 @@ def _outcome_lines(report: Report) -> list[str]:
 
 
 def _remedy_line(remedy: dict[str, Any]) -> str:
+    removes = remedy.get("removes") or []
+    gone = (
+        f"; removes {', '.join(removes)}" if removes and remedy["verdict_after"] != "fits" else ""
+    )
     return (
         f"  {remedy['code']}: {remedy['what']} -> {remedy['verdict_after']}, host "
-        f"{_figure(remedy['host_need_after_gib'])}; cost: {remedy['cost']}"
+        f"{_figure(remedy['host_need_after_gib'])}{gone}; cost: {remedy['cost']}"
     )
 
 
@@ -142,11 +146,13 @@ def _lines(report: Report, args: ServeArgs) -> list[str]:
         size_from = (
             "" if model["size_from"] == "safetensors headers" else f" (from {model['size_from']})"
         )
+        per_rank = model["device_weight_bytes_per_rank"]
+        weights = "not sized (its format is not known)" if per_rank is None else size(per_rank)
         lines += [
             "Model",
             f"  {printable(model['model'])}: {model['shards']} shard(s) read, "
             f"{size(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
-            f"weights per rank {size(model['device_weight_bytes_per_rank'])}",
+            f"weights per rank {weights}",
         ]
     per_rank = report.per_rank
     lines += [

@@ -29,7 +29,7 @@ def model_section(measured: Measurement, outcome: phases.Outcome) -> dict[str, A
         "checkpoint_bytes": ckpt.total_bytes,
         "size_from": "safetensors headers" if ckpt.complete else ckpt.declared_from,
         "checkpoint_dtype": ckpt.dtype,
-        "device_weight_bytes_per_rank": inputs.weights,
+        "device_weight_bytes_per_rank": inputs.weights if inputs.weights_known else None,
         "staging": inputs.load_mode_why if inputs.on_the_fly else "no on-the-fly quantization",
     }
 
@@ -40,7 +40,7 @@ def per_rank_section(outcome: phases.Outcome) -> dict[str, float]:
     at_kv = outcome.phases["kv_cache"]
     return {
         "device_use": at_kv.device or 0.0,
-        "host_copy": at_kv.pinned / inputs.tp,
+        "host_copy": at_kv.pinned / inputs.host_ranks,
         "quantization_staging": inputs.staging,
         "process_baseline": inputs.baseline,
     }
