@@ -447,3 +447,21 @@ def test_a_nan_in_config_json_keeps_the_config(b70_27b, monkeypatch, records, cl
     )
     with pytest.raises(preflight.PreflightRefused, match="at load on the device"):
         engine_config(model, _refuse(host), monkeypatch)
+
+
+def test_the_oom_kill_line_is_given_the_host_side_cause(b70_27b, monkeypatch, clean_env):
+    """The OOM killer acts on host memory: the cause kept for its line is the host side's
+    largest, not the device cause that leads the preflight's own line."""
+    host, model = b70_27b
+    state: dict[str, preflight.Judgement] = {}
+    monkeypatch.setattr(preflight, "run_preflight", _keeping(preflight.run_preflight, state))
+    engine_config(model, {"VLLM_XPU_MEMFIX_SYSROOT": str(host)}, monkeypatch)
+    assert state["last"].verdict == "will run out of memory"
+    assert state["last"].cause == "process_baseline", "the host side's largest cause"
+
+
+def _keeping(run, state):
+    def kept(vllm_config, settings, _state, *args):
+        return run(vllm_config, settings, state, *args)
+
+    return kept

@@ -113,6 +113,7 @@ class Verdict:
     uncertain: list[str]
     cause: str | None
     json: dict[str, Any]
+    host_cause: str | None = None  # the OOM-kill line's likely cause: the host's largest
 
 
 def _fit(text: str, limit: int = MAX_RECORD) -> str:
@@ -266,7 +267,10 @@ def judge_xpu(
         "remedies": [r.code for r in judged.remedies],
         "not_helping": [r.code for r in judged.not_helping],
     }
-    return Verdict(verdict, essential, details, uncertain, outcome.main_cause, details_json)
+    host_cause = _host_cause(outcome)
+    return Verdict(
+        verdict, essential, details, uncertain, outcome.main_cause, details_json, host_cause
+    )
 
 
 def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) -> Verdict:
@@ -373,7 +377,7 @@ def run_preflight(
         logger.debug(_fit(f"{HEAD} no verdict (internal error: {exc!r})"))
         verdict = None
     line = "" if verdict is None else line_of(verdict)
-    said, cause = (verdict.verdict, verdict.cause) if verdict else (None, None)
+    said, cause = (verdict.verdict, verdict.host_cause) if verdict else (None, None)
     state["last"] = Judgement(line, said, cause, _oom_kills(settings), started)
     if verdict is None:
         return
