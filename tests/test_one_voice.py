@@ -226,3 +226,33 @@ def test_the_corpus_holds_every_verdict(b70_27b):  # noqa: F811 (test_preflight'
         path.write_text(json.dumps({**base, **case.config}))
         verdicts.add(doctor_says(case, model)[0])
     assert verdicts == {"fits", "at risk", "will run out of memory", "will fail"}
+
+
+@pytest.mark.parametrize(
+    ("relative", "text"),
+    [("proc/meminfo", "MemTotal:       134217728 kB\n"), ("proc/self/cgroup", "junk\n")],
+    ids=["no MemAvailable", "a junk cgroup list"],
+)
+def test_an_unreadable_room_is_unjudged_by_doctor_its_round_trip_and_the_preflight(
+    relative,
+    text,
+    b70_27b,  # noqa: F811 (test_preflight's fixture)
+    tmp_path,
+    monkeypatch,
+    records,  # noqa: F811 (test_preflight's fixture)
+    clean_env,
+):
+    from vllm_xpu_memfix.cli.doctor import facts
+
+    _, model = b70_27b
+    tree = Machine((B70,)).sysroot(tmp_path / "tree")
+    (tree / relative).write_text(text)
+    env = {"VLLM_XPU_MEMFIX_SYSROOT": str(tree)}
+    args = ServeArgs(str(model))
+    here = facts.measure(config.load(env), args, env)
+    assert not doctor.outcome_for(here, args).host_judged
+    written = hostfile.parse(tomllib.loads(described.write_host(here)), "written.toml")
+    assert not doctor.outcome_for(described.measurement(written, args), args).host_judged
+    engine_config(model, env, monkeypatch)
+    (line,) = [line for line in records.lines() if "preflight: " in line]
+    assert "host room unreadable" in line and "host need" not in line
