@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import tomllib
 from hosts import B60, B70, add_igpu, build_host
-from test_preflight import b70_27b, engine_config, records  # noqa: F401 (fixtures)
+from test_preflight import Records, capture, engine_config, sparse_27b
 
 from vllm_xpu_memfix.cli import doctor
 from vllm_xpu_memfix.cli.doctor import described, hostfile, serveline
@@ -176,7 +177,7 @@ def preflight_says(
     model: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    records,  # noqa: F811 (test_preflight's fixture)
+    records: Records,
 ) -> tuple[str, object, str]:
     tree = case.machine.sysroot(tmp_path / "tree")
     # The image's own variables (its Dockerfile's ENV lines), as doctor takes them.
@@ -196,17 +197,22 @@ def preflight_says(
     return judged["verdict"], judged["fails_at"], judged["main_cause"]
 
 
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    """test_preflight's sparse 27B BF16 checkpoint."""
+    return sparse_27b(tmp_path / "model")
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    yield from capture()
+
+
 @pytest.mark.parametrize("name", CORPUS)
 def test_doctor_and_the_preflight_say_the_same(
-    name,
-    b70_27b,  # noqa: F811 (test_preflight's fixture)
-    tmp_path,
-    monkeypatch,
-    records,  # noqa: F811 (test_preflight's fixture)
-    clean_env,
+    name, model, tmp_path, monkeypatch, records, clean_env
 ):
     case = CORPUS[name]
-    _, model = b70_27b
     if case.config:
         path = model / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **case.config}))
@@ -215,10 +221,9 @@ def test_doctor_and_the_preflight_say_the_same(
     logging.getLogger(__name__).info("%s: %s", name, said)
 
 
-def test_the_corpus_holds_every_verdict(b70_27b):  # noqa: F811 (test_preflight's fixture)
+def test_the_corpus_holds_every_verdict(model):
     """Not a corpus of easy cases: doctor's verdicts over it include each of fits, at
     risk, will run out of memory and will fail."""
-    _, model = b70_27b
     path = model / "config.json"
     base = json.loads(path.read_text())
     verdicts = set()
@@ -234,17 +239,10 @@ def test_the_corpus_holds_every_verdict(b70_27b):  # noqa: F811 (test_preflight'
     ids=["no MemAvailable", "a junk cgroup list"],
 )
 def test_an_unreadable_room_is_unjudged_by_doctor_its_round_trip_and_the_preflight(
-    relative,
-    text,
-    b70_27b,  # noqa: F811 (test_preflight's fixture)
-    tmp_path,
-    monkeypatch,
-    records,  # noqa: F811 (test_preflight's fixture)
-    clean_env,
+    relative, text, model, tmp_path, monkeypatch, records, clean_env
 ):
     from vllm_xpu_memfix.cli.doctor import facts
 
-    _, model = b70_27b
     tree = Machine((B70,)).sysroot(tmp_path / "tree")
     (tree / relative).write_text(text)
     env = {"VLLM_XPU_MEMFIX_SYSROOT": str(tree)}

@@ -38,8 +38,8 @@ class Records(logging.Handler):
         return [r.getMessage() for r in self.records if r.levelno >= level]
 
 
-@pytest.fixture
-def records() -> Iterator[Records]:
+def capture() -> Iterator[Records]:
+    """The preflight's records, DEBUG included, for as long as the generator runs."""
     handler = Records()
     logger = preflight.logger
     old_level = logger.level
@@ -48,6 +48,11 @@ def records() -> Iterator[Records]:
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old_level)
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    yield from capture()
 
 
 def engine_config(
@@ -95,11 +100,9 @@ def engine_config(
         patcher.revert_all()
 
 
-@pytest.fixture
-def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
-    """One 32 GiB Arc Pro B70 and a sparse 27B BF16 checkpoint (no weights on disk)."""
-    host = build_host(tmp_path / "host", [B70])
-    model = qwen_27b_like(tmp_path / "model")
+def sparse_27b(directory: Path) -> Path:
+    """A sparse 27B BF16 checkpoint (no weights on disk) with its config.json."""
+    model = qwen_27b_like(directory)
     (model / "config.json").write_text(
         json.dumps(
             {
@@ -118,7 +121,13 @@ def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
             }
         )
     )
-    return host, model
+    return model
+
+
+@pytest.fixture
+def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
+    """One 32 GiB Arc Pro B70 and a sparse 27B BF16 checkpoint (no weights on disk)."""
+    return build_host(tmp_path / "host", [B70]), sparse_27b(tmp_path / "model")
 
 
 def test_doctor_and_the_preflight_build_the_same_machine_from_the_same_host(tmp_path, clean_env):
