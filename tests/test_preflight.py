@@ -474,3 +474,33 @@ def _keeping(run, state):
         return run(vllm_config, settings, state, *args)
 
     return kept
+
+
+@pytest.mark.parametrize(
+    ("environ", "devices"),
+    [
+        ({}, [("card1", 0), ("card1", 1), ("card2", None), ("card0", None)]),
+        (
+            {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"},
+            [("card1", None), ("card2", None), ("card0", None)],
+        ),
+        ({"ZE_AFFINITY_MASK": "1,2"}, [("card1", 1), ("card2", None)]),
+        ({"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE", "ZE_AFFINITY_MASK": "0.1"}, [("card1", None)]),
+        ({"ONEAPI_DEVICE_SELECTOR": "level_zero:3"}, [("card0", None)]),
+    ],
+    ids=["flat", "composite", "flat mask", "composite sub-device", "selector"],
+)
+def test_the_devices_level_zero_enumerates(tmp_path, environ, devices):
+    """A two-tile GPU, a one-tile GPU and an iGPU first in PCI order: the discrete GPUs
+    come first, each tile a device under FLAT (Level Zero's default), one root device each
+    under COMPOSITE, narrowed by ZE_AFFINITY_MASK (FLAT indices; i.j a tile of root i) and
+    ONEAPI_DEVICE_SELECTOR."""
+    from hosts import add_igpu, add_tiles
+
+    from vllm_xpu_memfix.intel import driver
+
+    root = add_igpu(add_tiles(build_host(tmp_path, [B70, B70]), "card1", 2))
+    seen = driver.visible_gpus(driver.intel_gpus(root), environ)
+    assert [(gpu.card, gpu.tile) for gpu in seen] == devices
+    if environ.get("ZE_AFFINITY_MASK") == "0.1":
+        assert seen[0].vram_bytes == 32 * 2**30, "one tile's memory, not the card's two"

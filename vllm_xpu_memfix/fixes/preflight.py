@@ -51,6 +51,7 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -152,9 +153,10 @@ def checkpoint(vllm_config: Any) -> tuple[Any, str]:
 def _device_words(gpus: list[Any], machine: Machine) -> str:
     if not gpus:
         return "no Intel GPU visible"
+    counts = Counter(gpu.product for gpu in gpus)
     size = machine.device_bytes
     memory = f", {size / GiB:,.1f} GiB" if size else ""
-    return f"{len(gpus)}x {gpus[0].product}{memory}"
+    return " + ".join(f"{count}x {product}" for product, count in counts.items()) + memory
 
 
 def _host_cause(outcome: Any) -> str:
