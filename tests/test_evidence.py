@@ -331,7 +331,7 @@ FILE_ROWS = [r for r in ROWS if not r[2].startswith(PUBLIC)]
 LEGACY_OFF, LEGACY_AUTO = "0.21 legacy, lock off", "0.21 legacy, lock auto"
 FP32, INT4 = "bf16 checkpoint, --dtype float32", "stand-in int4 (host staging)"
 TP = [f"kv-headroom-h200-tp{n} | " for n in (2, 4, 8)]
-TINY, SPARSE = "tiny model, this host (no Intel GPU)", "sparse 27B BF16, sysroot"
+TINY, SPARSE = "tiny model, this host (vLLM's CPU backend)", "sparse 27B BF16, sysroot"
 QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
     "host_release 0": [f"{case} / gc + trim | saved" for case in ("bf16", FP32, INT4)],
     "host_release 1": [
@@ -422,12 +422,10 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         "legacy | speed-up",
     ],
     "preflight 0": [
-        f"{SPARSE} | added",
         f"{TINY} | added",
-        f"{SPARSE} | auto / off",
-        f"{TINY} | auto / off",
-        f"{TINY} | off",
-        f"{SPARSE} | off",
+        f"{SPARSE}: 1x Arc Pro B70 32 GiB | added",
+        "sparse 27B BF16, TP 8, sysroot: 1,000x | added",
+        f"{SPARSE}: 1x B70, 64 MiB dpkg status | added",
     ],
     "doctor's assumptions 0": [
         "worker at start | RSS",

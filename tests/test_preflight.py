@@ -38,8 +38,8 @@ class Records(logging.Handler):
         return [r.getMessage() for r in self.records if r.levelno >= level]
 
 
-@pytest.fixture
-def records() -> Iterator[Records]:
+def capture() -> Iterator[Records]:
+    """The preflight's records, DEBUG included, for as long as the generator runs."""
     handler = Records()
     logger = preflight.logger
     old_level = logger.level
@@ -48,6 +48,11 @@ def records() -> Iterator[Records]:
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old_level)
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    yield from capture()
 
 
 def engine_config(
@@ -86,9 +91,7 @@ def engine_config(
         if settings.requested(module.FIX):
             module.install(patcher, settings)
     try:
-        args = EngineArgs(
-            model=str(model), skip_tokenizer_init=True, enforce_eager=True, **engine_args
-        )
+        args = EngineArgs(model=str(model), skip_tokenizer_init=True, **engine_args)
         return args.create_engine_config()
     finally:
         target = (config.PREFLIGHT.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config")
@@ -97,11 +100,9 @@ def engine_config(
         patcher.revert_all()
 
 
-@pytest.fixture
-def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
-    """One 32 GiB Arc Pro B70 and a sparse 27B BF16 checkpoint (no weights on disk)."""
-    host = build_host(tmp_path / "host", [B70])
-    model = qwen_27b_like(tmp_path / "model")
+def sparse_27b(directory: Path) -> Path:
+    """A sparse 27B BF16 checkpoint (no weights on disk) with its config.json."""
+    model = qwen_27b_like(directory)
     (model / "config.json").write_text(
         json.dumps(
             {
@@ -120,7 +121,13 @@ def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
             }
         )
     )
-    return host, model
+    return model
+
+
+@pytest.fixture
+def b70_27b(tmp_path: Path) -> tuple[Path, Path]:
+    """One 32 GiB Arc Pro B70 and a sparse 27B BF16 checkpoint (no weights on disk)."""
+    return build_host(tmp_path / "host", [B70]), sparse_27b(tmp_path / "model")
 
 
 def test_doctor_and_the_preflight_build_the_same_machine_from_the_same_host(tmp_path, clean_env):
@@ -399,29 +406,42 @@ def test_two_tiles_are_two_devices_under_the_flat_hierarchy(
 
     host = add_tiles(build_host(tmp_path / "host", [B70]), "card1", 2)
     engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
-    assert "TP 2 with 1 GPU" not in _line(records)
+    assert "tp_exceeds_gpus" not in _line(records)
     monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
-    with pytest.raises(preflight.PreflightRefused, match="TP 2 with 1 GPU"):
+    with pytest.raises(preflight.PreflightRefused, match=r"tp_exceeds_gpus.*1x Arc Pro B70, 64"):
         engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize(
-    ("engine_args", "named"),
+    ("gpus", "engine_args"),
     [
-        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size not modelled"),
-        ({"max_model_len": -1}, "max_model_len -1/auto not modelled"),
-        ({"cpu_offload_gb": 40}, "cpu_offload_gb not modelled"),
+        (2, {"pipeline_parallel_size": 2}),
+        (1, {"cpu_offload_gb": 40}),
+        (1, {"tensor_parallel_size": 2, "nnodes": 2}),
+        (2, {"tensor_parallel_size": 2, "max_model_len": -1}),
     ],
+    ids=["PP 2 over two GPUs", "40 GiB offloaded", "TP 2 over two nodes", "max_model_len -1"],
 )
-def test_a_dimension_not_modelled_is_at_most_at_risk_and_never_refused(
-    b70_27b, monkeypatch, records, clean_env, engine_args, named
+def test_what_vllm_resolved_is_judged_and_these_start_ups_are_not_refused(
+    b70_27b, tmp_path, monkeypatch, records, clean_env, gpus, engine_args
 ):
-    """vLLM resolves these and the start-up may serve (PP splits the layers, the offload
-    moves 40 GiB to the host, -1 fits the context): the model does not size them yet."""
-    host, model = b70_27b
+    """Issue 46's false refusals of the 27B BF16 on 32 GiB B70s: each stage, the offload,
+    this node's one rank, and the fitted context are read from vLLM's configuration."""
+    _, model = b70_27b
+    host = build_host(tmp_path / "b70s", [B70] * gpus)
     engine_config(model, _refuse(host), monkeypatch, **engine_args)
+    assert "WILL" not in _line(records)
+
+
+def test_a_flag_the_model_does_not_cover_caps_the_verdict_and_never_refuses(
+    b70_27b, monkeypatch, records, clean_env
+):
+    """--enforce-eager changes device memory the model does not size (startup.domain):
+    the device verdict is at most at risk, and refuse lets it start."""
+    host, model = b70_27b
+    engine_config(model, _refuse(host), monkeypatch, enforce_eager=True)
     line = _line(records)
-    assert line.startswith(f"{LINE} AT RISK") and named in line
+    assert line.startswith(f"{LINE} AT RISK") and "--enforce-eager" in line
 
 
 def test_a_nan_in_config_json_keeps_the_config(b70_27b, monkeypatch, records, clean_env):
@@ -436,3 +456,51 @@ def test_a_nan_in_config_json_keeps_the_config(b70_27b, monkeypatch, records, cl
     )
     with pytest.raises(preflight.PreflightRefused, match="at load on the device"):
         engine_config(model, _refuse(host), monkeypatch)
+
+
+def test_the_oom_kill_line_is_given_the_host_side_cause(b70_27b, monkeypatch, clean_env):
+    """The OOM killer acts on host memory: the cause kept for its line is the host side's
+    largest, not the device cause that leads the preflight's own line."""
+    host, model = b70_27b
+    state: dict[str, preflight.Judgement] = {}
+    monkeypatch.setattr(preflight, "run_preflight", _keeping(preflight.run_preflight, state))
+    engine_config(model, {"VLLM_XPU_MEMFIX_SYSROOT": str(host)}, monkeypatch)
+    assert state["last"].verdict == "will run out of memory"
+    assert state["last"].cause == "process_baseline", "the host side's largest cause"
+
+
+def _keeping(run, state):
+    def kept(vllm_config, settings, _state, *args):
+        return run(vllm_config, settings, state, *args)
+
+    return kept
+
+
+@pytest.mark.parametrize(
+    ("environ", "devices"),
+    [
+        ({}, [("card1", 0), ("card1", 1), ("card2", None), ("card0", None)]),
+        (
+            {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"},
+            [("card1", None), ("card2", None), ("card0", None)],
+        ),
+        ({"ZE_AFFINITY_MASK": "1,2"}, [("card1", 1), ("card2", None)]),
+        ({"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE", "ZE_AFFINITY_MASK": "0.1"}, [("card1", None)]),
+        ({"ONEAPI_DEVICE_SELECTOR": "level_zero:3"}, [("card0", None)]),
+    ],
+    ids=["flat", "composite", "flat mask", "composite sub-device", "selector"],
+)
+def test_the_devices_level_zero_enumerates(tmp_path, environ, devices):
+    """A two-tile GPU, a one-tile GPU and an iGPU first in PCI order: the discrete GPUs
+    come first, each tile a device under FLAT (Level Zero's default), one root device each
+    under COMPOSITE, narrowed by ZE_AFFINITY_MASK (FLAT indices; i.j a tile of root i) and
+    ONEAPI_DEVICE_SELECTOR."""
+    from hosts import add_igpu, add_tiles
+
+    from vllm_xpu_memfix.intel import driver
+
+    root = add_igpu(add_tiles(build_host(tmp_path, [B70, B70]), "card1", 2))
+    seen = driver.visible_gpus(driver.intel_gpus(root), environ)
+    assert [(gpu.card, gpu.tile) for gpu in seen] == devices
+    if environ.get("ZE_AFFINITY_MASK") == "0.1":
+        assert seen[0].vram_bytes == 32 * 2**30, "one tile's memory, not the card's two"

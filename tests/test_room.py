@@ -101,3 +101,37 @@ def test_an_unreadable_limit_makes_the_room_unknown(tmp_path):
     _memory_max(tree).mkdir()
     room = host_room(tree)
     assert room.bytes is None and "memory.max" in (room.problem or "")
+
+
+@pytest.mark.parametrize(
+    "membership",
+    ["0::/system.slice/docker-3f9a.scope\n", "0::/\n"],
+    ids=["host cgroup namespace", "private cgroup namespace"],
+)
+def test_a_v2_container_limit_is_found_with_or_without_a_private_namespace(tmp_path, membership):
+    """Docker's cgroupns=host: /proc/self/cgroup gives the host's path of the container's
+    cgroup, while /sys/fs/cgroup is mounted at that cgroup itself. The limit is found by
+    the tail of the path under the mount, as with a private namespace ("0::/")."""
+    tree = copied(tmp_path, "container-v2-tight")
+    (tree / "proc/self/cgroup").write_text(membership)
+    room = host_room(tree)
+    assert room.cgroup.limit == 8 * 1024 * MiB and room.bytes == 2560 * MiB
+
+
+def test_the_hosts_own_view_of_a_nested_cgroup_is_read_at_its_full_path():
+    room = host_room(DATA / "xe-cgroup-v2", 777)
+    assert room.cgroup.limit == 64 * 1024 * MiB
+
+
+@pytest.mark.parametrize(
+    ("relative", "text"),
+    [("sys/fs/cgroup/memory.max", "12 GiB\n"), ("sys/fs/cgroup/memory.current", "-5\n")],
+)
+def test_a_junk_limit_under_a_host_namespace_path_is_unknown_never_no_limit(
+    tmp_path, relative, text
+):
+    tree = copied(tmp_path, "container-v2-tight")
+    (tree / "proc/self/cgroup").write_text("0::/system.slice/docker-3f9a.scope\n")
+    (tree / relative).write_text(text)
+    room = host_room(tree)
+    assert room.bytes is None and room.problem and relative.rsplit("/", 1)[1] in room.problem

@@ -197,7 +197,7 @@ def test_the_api_server_logs_exactly_one_preflight_line(serve, tiny_model):
     server.wait_ready()
     lines = [line for line in server.log_text().splitlines() if "preflight:" in line]
     assert len(lines) == 1, lines
-    assert "FITS" in lines[0] and "device not judged" in lines[0]
+    assert "FITS on vLLM's CPU backend" in lines[0] and "KV cache 1.0 GiB" in lines[0]
 
 
 def test_a_worker_killed_at_start_up_with_oom_kill_risen_is_named_with_its_phase(

@@ -10,8 +10,8 @@ never ends do not.
 
 - :func:`read_bytes` and :func:`read_text` raise ``OSError`` (:class:`NotRegular`,
   :class:`TooLarge`, or the kernel's own): for readers that tell the errors apart.
-- :func:`host_text` never raises: the plugin's host reads (sysfs, dpkg's status,
-  ``/proc``), where a file that cannot be read is a value that is unknown.
+- :func:`host_text` and :func:`host_bytes` never raise: the plugin's host reads (sysfs,
+  dpkg's status, ``/proc``), where a file that cannot be read is a value that is unknown.
 - :func:`input_problem` says in a few words why a file given on a command line cannot be
   read as one (``doctor --host``, ``plot``'s CSV), before anything opens it.
 - :func:`write_file` writes a file a command was asked to write (``doctor --write-host``):
@@ -107,8 +107,10 @@ def read_bytes(path: str | os.PathLike[str], cap: int) -> bytes:
     try:
         chunks: list[bytes] = []
         total = 0
+        # One read for a file whose size is known (a large dpkg status); /proc says 0.
+        step = max(MiB, os.fstat(fd).st_size + 1)
         while total <= cap:
-            chunk = os.read(fd, min(cap + 1 - total, MiB))
+            chunk = os.read(fd, min(cap + 1 - total, step))
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
@@ -123,17 +125,23 @@ def read_text(path: str | os.PathLike[str], cap: int) -> str:
     return read_bytes(path, cap).decode("utf-8", errors="replace")
 
 
-def host_text(path: Path, cap: int = ATTRIBUTE_CAP) -> str | None:
-    """The stripped text of a host file, or None where it cannot be read. A missing or
-    refused file is an unknown value; one that is not a regular file, or is larger than
-    ``cap``, is also said in one DEBUG line."""
+def host_bytes(path: Path, cap: int = ATTRIBUTE_CAP) -> bytes | None:
+    """The bytes of a host file, or None where it cannot be read. A missing or refused
+    file is an unknown value; one that is not a regular file, or is larger than ``cap``,
+    is also said in one DEBUG line."""
     try:
-        return read_text(path, cap).strip()
+        return read_bytes(path, cap)
     except (NotRegular, TooLarge) as exc:
         _debug(f"vllm-xpu-memfix: {path}: {exc.strerror}; taken as unknown")
     except OSError:
         pass
     return None
+
+
+def host_text(path: Path, cap: int = ATTRIBUTE_CAP) -> str | None:
+    """:func:`host_bytes` as stripped UTF-8 text, undecodable bytes replaced."""
+    data = host_bytes(path, cap)
+    return None if data is None else data.decode("utf-8", errors="replace").strip()
 
 
 def junk(path: Path, text: str, expected: str) -> None:

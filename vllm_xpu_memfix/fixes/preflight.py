@@ -52,6 +52,7 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -115,6 +116,7 @@ class Verdict:
     uncertain: list[str]
     cause: str | None
     json: dict[str, Any]
+    host_cause: str | None = None  # the OOM-kill line's likely cause: the host's largest
 
 
 def _fit(text: str, limit: int = MAX_RECORD) -> str:
@@ -124,58 +126,6 @@ def _fit(text: str, limit: int = MAX_RECORD) -> str:
 def platform_of(vllm_config: Any) -> str:
     """The device type of vLLM's platform for this engine (``xpu``, ``cpu``, ``cuda``...)."""
     return str(vllm_config.device_config.device_type)
-
-
-def serve_args(vllm_config: Any, engine_args: Any = None) -> ServeArgs:
-    """The engine arguments the start-up model reads, from the engine's resolved
-    configuration (``engine_args``: the EngineArgs it was built from, where known)."""
-    from vllm_xpu_memfix.startup.sizing import ServeArgs
-
-    model = vllm_config.model_config
-    cache = vllm_config.cache_config
-    sched = vllm_config.scheduler_config
-    parallel = vllm_config.parallel_config
-    offload = getattr(getattr(vllm_config, "offload_config", None), "uva", None)
-    kv_bytes = getattr(cache, "kv_cache_memory_bytes", None)
-    fitted = getattr(model, "original_max_model_len", None) == -1
-    return ServeArgs(
-        model=str(model.model),
-        tensor_parallel_size=int(parallel.tensor_parallel_size),
-        gpu_memory_utilization=float(cache.gpu_memory_utilization),
-        quantization=model.quantization,
-        dtype=str(model.dtype).removeprefix("torch."),
-        max_parallel_loading_workers=getattr(parallel, "max_parallel_loading_workers", None),
-        max_model_len=None if fitted else getattr(model, "max_model_len", None),
-        max_num_seqs=getattr(sched, "max_num_seqs", None),
-        max_num_batched_tokens=getattr(sched, "max_num_batched_tokens", None),
-        kv_cache_memory_bytes=int(kv_bytes) if kv_bytes else None,
-        kv_cache_dtype=getattr(cache, "cache_dtype", None),
-        max_model_len_fitted=fitted,
-        pipeline_parallel_size=int(parallel.pipeline_parallel_size),
-        data_parallel_size=int(parallel.data_parallel_size),
-        data_parallel_size_local=getattr(parallel, "data_parallel_size_local", None),
-        nnodes=int(getattr(parallel, "nnodes", 1)),
-        node_rank=int(getattr(parallel, "node_rank", 0)),
-        enable_expert_parallel=bool(getattr(parallel, "enable_expert_parallel", False)),
-        distributed_executor_backend=_backend_name(parallel.distributed_executor_backend),
-        cpu_offload_gb=float(getattr(offload, "cpu_offload_gb", 0) or 0),
-    )
-
-
-def _backend_name(backend: Any) -> str | None:
-    return backend if backend is None or isinstance(backend, str) else type(backend).__name__
-
-
-def layout_not_modelled(args: ServeArgs) -> list[str]:
-    """What the start-up model does not size yet, set away from its default."""
-    layout = {
-        "pipeline_parallel_size": args.pipeline_parallel_size != 1,
-        "data_parallel_size": args.data_parallel_size != 1,
-        "nnodes": args.nnodes != 1,
-        "cpu_offload_gb": args.cpu_offload_gb > 0,
-        "max_model_len -1/auto": args.max_model_len_fitted,
-    }
-    return [*args.not_modelled, *(name for name, away in layout.items() if away)]
 
 
 def checkpoint(vllm_config: Any) -> tuple[Any, str]:
@@ -205,9 +155,10 @@ def checkpoint(vllm_config: Any) -> tuple[Any, str]:
 def _device_words(gpus: list[Any], machine: Machine) -> str:
     if not gpus:
         return "no Intel GPU visible"
+    counts = Counter(gpu.product for gpu in gpus)
     size = machine.device_bytes
     memory = f", {size / GiB:,.1f} GiB" if size else ""
-    return f"{len(gpus)}x {gpus[0].product}{memory}"
+    return " + ".join(f"{count}x {product}" for product, count in counts.items()) + memory
 
 
 def _host_cause(outcome: Any) -> str:
@@ -243,8 +194,7 @@ def this_machine(
     from vllm_xpu_memfix.startup import host
 
     facts = host.read(settings.sysroot, environ)
-    tp = args.tensor_parallel_size
-    device, _ = host.device_bytes(host.used_gpus(facts, tp), args.device_memory_gib)
+    device, _ = host.device_bytes(host.used_gpus(facts, args), args.device_memory_gib)
     sym_int4 = installed_sym_int4()
     legacy = host.legacy_load(environ, sym_int4)
     slots = host.load_slots(settings, args, legacy[0], facts.room, ckpt)
@@ -269,7 +219,9 @@ def judge_xpu(
     facts, machine = this_machine(settings, args, ckpt, environ)
     outcome = phases.run(sizing.inputs_for(machine, args, ckpt))
     judged = remedies.remedies(outcome, remedies.Context(room=facts.room))
-    uncertain = [f"{name} not modelled" for name in layout_not_modelled(args)]
+    # The model caps what a not-modelled flag changes at "at risk" (phases.unmodelled_on);
+    # what was not read is capped here.
+    uncertain = []
     if facts.room.problem:
         uncertain.append("host room unreadable")
     if ckpt is None:
@@ -282,7 +234,7 @@ def judge_xpu(
     where = ""
     if outcome.fails_at:
         where = f" at {outcome.fails_at['phase']} on the {outcome.fails_at['where']}"
-    gpus = host.used_gpus(facts, args.tensor_parallel_size)
+    gpus = host.used_gpus(facts, args)
     essential = [f"{verdict.upper()}{where} (TP {args.tensor_parallel_size})"]
     details = [_device_words(gpus, machine)]
     if outcome.why:
@@ -319,18 +271,22 @@ def judge_xpu(
         "remedies": [r.code for r in judged.remedies],
         "not_helping": [r.code for r in judged.not_helping],
     }
-    return Verdict(verdict, essential, details, uncertain, outcome.main_cause, details_json)
+    host_cause = _host_cause(outcome)
+    return Verdict(
+        verdict, essential, details, uncertain, outcome.main_cause, details_json, host_cause
+    )
 
 
 def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) -> Verdict:
     """vLLM's CPU backend in its own terms (``startup.cpu_backend``): host memory only."""
     from vllm_xpu_memfix.memory.room import host_room
-    from vllm_xpu_memfix.startup import codes, cpu_backend
+    from vllm_xpu_memfix.startup import codes, cpu_backend, domain
 
     room = host_room(settings.sysroot)
     workers = int(getattr(vllm_config.parallel_config, "world_size", 1) or 1)
     kv = float(args.kv_cache_memory_bytes or 0) * workers
-    uncertain = [f"{name} not modelled" for name in layout_not_modelled(args)]
+    flags = [f for f in args.not_modelled if domain.side_of(f) in (codes.HOST, domain.BOTH)]
+    uncertain = [f"{listed(flags, 60)} not modelled"] if flags else []
     if ckpt is None or args.quantization:
         uncertain.append("weights not sized")
     outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room)
@@ -353,10 +309,15 @@ def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) 
 
 
 def judge(
-    vllm_config: Any, settings: Settings, environ: Mapping[str, str], engine_args: Any = None
+    vllm_config: Any,
+    settings: Settings,
+    environ: Mapping[str, str],
+    not_modelled: tuple[str, ...] = (),
 ) -> Verdict | None:
     """The preflight's verdict for ``vllm_config`` on this host; None where vLLM's platform
     is neither XPU nor CPU (one INFO line says so)."""
+    from vllm_xpu_memfix.startup import engine_config
+
     platform = platform_of(vllm_config)
     if platform not in ("xpu", "cpu"):
         logger.info(
@@ -366,7 +327,7 @@ def judge(
             platform,
         )
         return None
-    args = serve_args(vllm_config, engine_args)
+    args = engine_config.serve_args(vllm_config, not_modelled)
     ckpt, source = checkpoint(vllm_config)
     if platform == "cpu":
         return judge_cpu(vllm_config, args, ckpt, settings)
@@ -404,7 +365,10 @@ def _oom_kills(settings: Settings) -> int | None:
 
 
 def run_preflight(
-    vllm_config: Any, settings: Settings, state: dict[str, Judgement], engine_args: Any = None
+    vllm_config: Any,
+    settings: Settings,
+    state: dict[str, Judgement],
+    not_modelled: tuple[str, ...] = (),
 ) -> None:
     """Judge, log, and remember; raises only :class:`PreflightRefused`, and only on a
     verdict that every input was read for and every dimension modelled."""
@@ -412,12 +376,12 @@ def run_preflight(
 
     started = time.time()
     try:
-        verdict = judge(vllm_config, settings, os.environ, engine_args)
+        verdict = judge(vllm_config, settings, os.environ, not_modelled)
     except Exception as exc:  # never into vLLM
         logger.debug(_fit(f"{HEAD} no verdict (internal error: {exc!r})"))
         verdict = None
     line = "" if verdict is None else line_of(verdict)
-    said, cause = (verdict.verdict, verdict.cause) if verdict else (None, None)
+    said, cause = (verdict.verdict, verdict.host_cause) if verdict else (None, None)
     state["last"] = Judgement(line, said, cause, _oom_kills(settings), started)
     if verdict is None:
         return
@@ -470,12 +434,27 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
         )
 
 
+def not_modelled_flags(engine_args: Any) -> tuple[str, ...]:
+    """The EngineArgs fields set away from their default that the model does not cover
+    (``startup.domain``), as flags; none where they cannot be read."""
+    from vllm_xpu_memfix.startup import domain
+
+    try:
+        return domain.not_modelled(engine_args)
+    except Exception as exc:  # never into vLLM
+        logger.debug(_fit(f"{HEAD} engine arguments not classified: {exc!r}"))
+        return ()
+
+
 def patches(settings: Settings) -> tuple[Patch, ...]:
     state: dict[str, Judgement] = {}
 
     def after_config(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # Before the call: vLLM fills some fields in place (enable_chunked_prefill), and
+        # those are its resolution, not the user's flags.
+        flags = not_modelled_flags(instance)
         vllm_config = wrapped(*args, **kwargs)
-        run_preflight(vllm_config, settings, state, instance)
+        run_preflight(vllm_config, settings, state, flags)
         return vllm_config
 
     def around_startup(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:

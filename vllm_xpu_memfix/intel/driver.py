@@ -9,6 +9,7 @@ reads this process's own ``/proc/self/maps``.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -171,13 +172,12 @@ def intel_gpus(sysroot: Path) -> list[Gpu]:
 
 
 def _tiles(card: Path) -> int:
-    """xe's ``tileN`` directories of a card; at least one."""
-    try:
-        return max(
-            1, sum(bool(re.fullmatch(r"tile\d+", p.name)) for p in (card / "device").iterdir())
-        )
-    except OSError:
-        return 1
+    """xe's ``tileN`` directories of a card, counted up from tile1 (one stat for the
+    usual single tile); at least one."""
+    count = 1
+    while os.path.isdir(f"{card}/device/tile{count}"):
+        count += 1
+    return count
 
 
 def _index(text: str) -> int | None:
@@ -240,15 +240,23 @@ def visible_gpus(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
     return [device for i, device in enumerate(devices) if i in keep]
 
 
-def _dpkg_versions(sysroot: Path) -> dict[str, str]:
-    text = _read(sysroot / "var/lib/dpkg/status", files.LIST_CAP) or ""
+def _dpkg_versions(sysroot: Path, packages: tuple[str, ...]) -> dict[str, str]:
+    """The installed versions of ``packages`` in dpkg's status. Only their stanzas are
+    decoded and parsed (found in the bytes): a desktop's status runs to tens of MiB."""
+    data = files.host_bytes(sysroot / "var/lib/dpkg/status", files.LIST_CAP) or b""
     versions = {}
-    for stanza in text.split("\n\n"):
-        fields = dict(
-            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
-        )
-        if "install ok installed" in fields.get("Status", "") and "Package" in fields:
-            versions[fields["Package"]] = fields.get("Version", "")
+    for package in packages:
+        key = f"Package: {package}\n".encode()
+        start = data.find(key)
+        while start != -1:
+            end = data.find(b"\n\n", start)
+            if start == 0 or data[start - 1] == 0x0A:  # at a line's start
+                stanza = data[start : end if end != -1 else len(data)].decode("utf-8", "replace")
+                lines = [line for line in stanza.splitlines() if ": " in line and line[0] != " "]
+                fields = dict(line.split(": ", 1) for line in lines)
+                if "install ok installed" in fields.get("Status", ""):
+                    versions[package] = fields.get("Version", "").strip()
+            start = data.find(key, start + 1)
     return versions
 
 
@@ -256,7 +264,7 @@ def compute_runtime(sysroot: Path) -> Runtime | None:
     """The installed compute-runtime, from dpkg's status or the Level Zero driver's file
     name. A version that is not one (:func:`runtime_from_version`), or a year.week without
     its build, is passed over with one DEBUG line."""
-    installed = _dpkg_versions(sysroot)
+    installed = _dpkg_versions(sysroot, RUNTIME_PACKAGES)
     status = sysroot / "var/lib/dpkg/status"
     for package in RUNTIME_PACKAGES:
         if package not in installed:
@@ -422,7 +430,7 @@ def why_no_host_copy(
 
 
 def level_zero_loader(sysroot: Path) -> str | None:
-    installed = _dpkg_versions(sysroot)
+    installed = _dpkg_versions(sysroot, LOADER_PACKAGES)
     return next((installed[p] for p in LOADER_PACKAGES if p in installed), None)
 
 

@@ -70,13 +70,21 @@ def _number(row: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def likely_victim(rows: LedgerRows, error: BaseException) -> dict[str, Any] | None:
-    """The process the OOM killer most likely took: of those no longer alive, EngineCore
-    where vLLM names its exit code -9, else a worker (EngineCore then exits with 1); the
-    largest by its last RssAnon, as the killer ranks them. A live process is never named."""
+def _gone(pid: int) -> bool:
+    """No longer running: absent, or a zombie not yet reaped (its memory is released)."""
     import psutil
 
-    dead = [r for r in rows.last if not psutil.pid_exists(r["pid"])]
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return not psutil.pid_exists(pid)
+
+
+def likely_victim(rows: LedgerRows, error: BaseException) -> dict[str, Any] | None:
+    """The process the OOM killer most likely took: of those no longer running, EngineCore
+    where vLLM names its exit code -9, else a worker (EngineCore then exits with 1); the
+    largest by its last RssAnon, as the killer ranks them. A live process is never named."""
+    dead = [r for r in rows.last if _gone(r["pid"])]
     role = "engine" if ": -9" in str(error) else "worker"
     of_role = [r for r in dead if str(r.get("role", "")).startswith(role)]
     return max(of_role or dead, key=lambda r: _number(r, "rss_anon"), default=None)

@@ -246,6 +246,15 @@ def _exited(status: str) -> bool:
     return False
 
 
+def _under_the_mount(path: str) -> list[str]:
+    """Where the cgroup ``path`` of /proc/<pid>/cgroup may be under the cgroup mount: the
+    whole path (the host's view), then each shorter tail down to the mount's root. Inside a
+    container without a private cgroup namespace the path is the host's
+    (``/system.slice/docker-<id>.scope``) while the mount's root is that cgroup itself."""
+    parts = [p for p in path.split("/") if p]
+    return ["/".join(parts[i:]) for i in range(len(parts) + 1)]
+
+
 class ProcessFiles:
     """The files of one process under ``/proc``, with why a read failed.
 
@@ -330,27 +339,28 @@ class ProcReader:
         return self._cgroup_memory(ProcessFiles(self, str(pid)))
 
     def _cgroup_memory(self, files: ProcessFiles) -> CgroupMemory:
-        text = files.read("cgroup") or ""
-        for line in text.splitlines():
+        text = files.read("cgroup")
+        if text is None and "cgroup" in files.denied:
+            return CgroupMemory(problem=f"{files.directory / 'cgroup'}: permission denied")
+        for line in (text or "").splitlines():
             parts = line.split(":", 2)
             if len(parts) != 3:
                 return CgroupMemory(problem=f"{files.directory / 'cgroup'}: {shown(line)}")
             _, controllers, path = parts
-            rel = path.lstrip("/")
+            bases: tuple[str, ...]
             if controllers == "":
-                for base in ("sys/fs/cgroup", "sys/fs/cgroup/unified"):
-                    found = self._cgroup_files(base, rel, "memory.current", "memory.max")
-                    if found is not None:
-                        return found
+                bases = ("sys/fs/cgroup", "sys/fs/cgroup/unified")
+                names = ("memory.current", "memory.max")
             elif "memory" in controllers.split(","):
-                # Inside a container the cgroup's own directory is the mount root.
-                for directory in (rel, ""):
-                    found = self._cgroup_files(
-                        "sys/fs/cgroup/memory",
-                        directory,
-                        "memory.usage_in_bytes",
-                        "memory.limit_in_bytes",
-                    )
+                bases, names = (
+                    ("sys/fs/cgroup/memory",),
+                    ("memory.usage_in_bytes", "memory.limit_in_bytes"),
+                )
+            else:
+                continue
+            for base in bases:
+                for directory in _under_the_mount(path):
+                    found = self._cgroup_files(base, directory, *names)
                     if found is not None:
                         return found
         return CgroupMemory()

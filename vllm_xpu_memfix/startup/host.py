@@ -20,6 +20,7 @@ from vllm_xpu_memfix.memory.room import Room, host_room
 from vllm_xpu_memfix.memory.snapshot import ProcReader, Snapshot
 from vllm_xpu_memfix.startup import staging
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs, largest_staged_params
+from vllm_xpu_memfix.startup.sizing import _layout as sizing_layout
 
 OFFLOAD = "VLLM_OFFLOAD_WEIGHTS_BEFORE_QUANT"
 SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
@@ -124,9 +125,11 @@ def load_slots(
     return slots if slots < tp else None
 
 
-def used_gpus(facts: HostFacts, tp: int) -> list[driver.Gpu]:
-    """The GPUs the ranks will take: the first ``tp`` visible ones, else every Intel GPU."""
-    return facts.visible[:tp] or facts.gpus
+def used_gpus(facts: HostFacts, args: ServeArgs) -> list[driver.Gpu]:
+    """The GPUs this node's ranks will take (TP x PP of each engine here: startup.layout):
+    the first visible ones, else every Intel GPU."""
+    here = sizing_layout(args).ranks_here
+    return facts.visible[:here] or facts.gpus
 
 
 def machine(

@@ -199,6 +199,11 @@ def write_host(measured: facts.Measurement) -> str:
     if ram is not None and available is not None and available > ram:
         lines.append(f"# MemAvailable {available} above MemTotal {ram}: both left out")
         ram = available = None
+    if room.problem:  # unknown stays unknown: --host judges no host without RAM figures
+        lines.append(
+            f"# room unreadable here ({numbers.printable(room.problem, 120)}): RAM left out"
+        )
+        ram = available = None
     if ram is not None:
         lines.append(_gib_line("ram_gib", ram, hostfile.RAM))
     if available is not None:

@@ -142,7 +142,7 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     read = host.read(settings.sysroot, environ)
     guard = driver_env.decide(settings, environ)
     device_bytes, device_source = host.device_bytes(
-        host.used_gpus(read, args.tensor_parallel_size), args.device_memory_gib
+        host.used_gpus(read, args), args.device_memory_gib
     )
     root = compat.installed_vllm_root()
     sym_int4 = compat.module_source(root, host.SYM_INT4) if root is not None else None
