@@ -30,6 +30,13 @@ def parser():
     return cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser())
 
 
+@pytest.fixture(autouse=True)
+def _no_plugins(monkeypatch):
+    """EngineArgs.__post_init__ loads vLLM's general plugins: with this one allowed, its
+    register() would patch every fix for the rest of the pytest session."""
+    monkeypatch.setenv("VLLM_PLUGINS", "none")
+
+
 def engine_args(*flags: str):
     return arg_utils.EngineArgs.from_cli_args(parser().parse_args(["--model", "/m", *flags]))
 
