@@ -136,7 +136,7 @@ def main() -> None:
             patched,
             apply_only=True,
         )
-        if not all(outcome.applied for outcome in outcomes):
+        if not all(isinstance(o, upstream_check.Outcome) and o.applied for o in outcomes):
             raise SystemExit("the patch series does not apply; run make upstream-check")
         lines = []
         for case in args.cases.split(","):

@@ -28,12 +28,21 @@ the rest symlinked), every patch is applied with ``git apply``, and then:
   ``upstream_testbed_conftest.py`` as the copy's ``conftest.py``; each file's result is
   credited to the patch that adds it.
 
-Prints one line per patch; exits 1 naming every patch that did not apply, reads a
-missing attribute, or whose tests failed. ``--vllm-src DIR`` checks one source tree (a
-directory holding ``vllm/``) instead of the releases, ``--apply-only`` skips the tests.
+- vLLM's own tests of the modules the series touches (``VLLM_TESTS``, from the
+  release's source distribution, kept under ``.cache/upstream/vllm-tests-<version>/``
+  with ``orjson``, which their ``tests/utils.py`` imports) run in the same copy before
+  the series is applied and after: a test that passed as is and fails with the series
+  fails the check. vLLM's own ``tests/conftest.py`` is left out (it needs vLLM's test
+  requirements); none of these tests uses its fixtures.
+
+Prints one line per patch and one for vLLM's tests; exits 1 naming every patch that
+did not apply, reads a missing attribute, or whose tests failed, and every vLLM test
+the series breaks. ``--vllm-src DIR`` checks one source tree (a
+directory holding ``vllm/``; ``--vllm-tests`` a directory as ``fetch_vllm_tests`` makes)
+instead of the releases, ``--apply-only`` skips the tests.
 
     .venv/bin/python scripts/upstream_check.py [--release installed|X.Y.Z ...]
-        [--apply-only] [--vllm-src DIR] [--cache DIR]
+        [--apply-only] [--vllm-src DIR [--vllm-tests DIR]] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +73,15 @@ ADDED_TEST = re.compile(r"^\+\+\+ b/(tests/\S+\.py)$", re.MULTILINE)
 VERSION = re.compile(r"""^(?:__version__\s*=\s*)?version\s*=\s*['"]([^'"]+)['"]""", re.M)
 HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 TEST_TIMEOUT_S = 300
+# vLLM's tests of the modules the series touches that run on the CPU test bed:
+# gpu_worker (0003), base_loader (0001, 0002, 0005), kernel_warmup (0004).
+VLLM_TESTS = (
+    "tests/v1/worker/test_gpu_worker.py",
+    "tests/model_executor/model_loader/test_registry.py",
+    "tests/model_executor/test_jit_warmup.py",
+)
+VLLM_TEST_SUPPORT = ("tests/__init__.py", "tests/utils.py")
+VLLM_TEST_DEPS = ("orjson",)  # imported by vLLM's server, which tests/utils.py imports
 
 
 @dataclass
@@ -82,6 +101,27 @@ class Outcome:
         reads = f", READS MISSING {', '.join(self.missing)} (FAIL)" if self.missing else ""
         tests = {"none": "no tests (FAIL)"}.get(self.tests, f"tests {self.tests}")
         return f"{self.patch}: {applied}{reads}, {tests}"
+
+
+@dataclass
+class VllmTestsOutcome:
+    """vLLM's own tests of the touched modules, run on the copy as is and patched."""
+
+    passed_as_is: int
+    passed_patched: int
+    broken: list[str]  # passed as is, not with the series
+    detail: str = ""
+    patch: str = "vLLM's tests of the touched modules"
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+    def line(self) -> str:
+        broken = f", BROKEN BY THE SERIES: {', '.join(self.broken)}" if self.broken else ""
+        return (
+            f"{self.patch}: {self.passed_as_is} passed as is, {self.passed_patched} patched{broken}"
+        )
 
 
 def installed_vllm_root() -> Path:
@@ -110,28 +150,37 @@ def series(version: str, patches: Path = PATCHES) -> list[Path]:
     return [chosen[name] for name in sorted(chosen)]
 
 
-def fetch_release(version: str, cache: Path = CACHE) -> Path:
-    """A directory holding ``vllm/`` of release ``version``: from the cache, or else from
-    its wheel on the package registry (the only step that needs the network)."""
-    target = cache / f"vllm-{version}"
+def cached(target: Path, fill: Callable[[Path, Path], str]) -> Path:
+    """``target``, once complete; else ``fill(tmp, staging)`` first builds it in a
+    temporary directory beside it and returns what ``.complete`` records."""
     if (target / ".complete").is_file():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="upstream-wheel-", dir=cache) as tmp:
-        download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-        download += ["--only-binary", ":all:", "--dest", tmp, f"vllm=={version}"]
-        done = subprocess.run(download, capture_output=True, text=True)
-        wheels = sorted(Path(tmp).glob(f"vllm-{version}-*.whl"))
-        if done.returncode != 0 or not wheels:
-            reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise SystemExit(f"upstream-check: cannot download vllm=={version}: {reason}")
-        staging = Path(tmp) / "source"
-        extract_python(wheels[0], staging)
-        digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-        (staging / ".complete").write_text(f"{wheels[0].name} sha256:{digest}\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="upstream-", dir=target.parent) as tmp:
+        staging = Path(tmp) / "staging"
+        record = fill(Path(tmp), staging)
+        (staging / ".complete").write_text(f"{record}\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     return target
+
+
+def fetch_release(version: str, cache: Path = CACHE) -> Path:
+    """A directory holding ``vllm/`` of release ``version``: from the cache, or else from
+    its wheel on the package registry (the only step that needs the network)."""
+
+    def from_wheel(tmp: Path, staging: Path) -> str:
+        download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+        download += ["--only-binary", ":all:", "--dest", str(tmp), f"vllm=={version}"]
+        done = subprocess.run(download, capture_output=True, text=True)
+        wheels = sorted(tmp.glob(f"vllm-{version}-*.whl"))
+        if done.returncode != 0 or not wheels:
+            reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise SystemExit(f"upstream-check: cannot download vllm=={version}: {reason}")
+        extract_python(wheels[0], staging)
+        return f"{wheels[0].name} sha256:{hashlib.sha256(wheels[0].read_bytes()).hexdigest()}"
+
+    return cached(cache / f"vllm-{version}", from_wheel)
 
 
 def extract_python(wheel: Path, dest: Path) -> None:
@@ -140,6 +189,40 @@ def extract_python(wheel: Path, dest: Path) -> None:
         for name in archive.namelist():
             if name.startswith("vllm/") and name.endswith(KEPT_FROM_WHEEL):
                 archive.extract(name, dest)
+
+
+def fetch_vllm_tests(version: str, cache: Path = CACHE) -> Path:
+    """A directory holding ``VLLM_TESTS`` of release ``version`` (with the package
+    ``__init__.py`` files and ``VLLM_TEST_SUPPORT`` they import) and ``site/``, their
+    extra dependencies: from the cache, or else from the release's source distribution.
+
+    ``pip download --no-clean`` unpacks the sdist, then fails to prepare its metadata
+    (that would build vLLM); the unpacked tree stays, and only its tests are kept."""
+    version = version.split("+")[0]
+
+    def from_sdist(tmp: Path, staging: Path) -> str:
+        download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-clean"]
+        download += ["--no-deps", "--no-binary", ":all:", "--no-build-isolation"]
+        download += ["--dest", str(tmp), f"vllm=={version}"]
+        subprocess.run(download, capture_output=True, env={**os.environ, "TMPDIR": str(tmp)})
+        unpacked = sorted(tmp.glob("pip-*/*/tests/utils.py"))
+        if not unpacked:
+            raise SystemExit(f"upstream-check: no source distribution of vllm=={version}")
+        source = unpacked[0].parent.parent
+        for name in (*VLLM_TEST_SUPPORT, *VLLM_TESTS):
+            for parent in reversed(Path(name).parents[:-1]):
+                if (source / parent / "__init__.py").is_file():
+                    (staging / parent).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(source / parent / "__init__.py", staging / parent)
+            if (source / name).is_file():
+                shutil.copy(source / name, staging / name)
+        install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
+        install += ["--target", str(staging / "site"), *VLLM_TEST_DEPS]
+        if subprocess.run(install, capture_output=True, text=True).returncode != 0:
+            raise SystemExit(f"upstream-check: cannot install {VLLM_TEST_DEPS}")
+        return source.name
+
+    return cached(cache / f"vllm-tests-{version}", from_sdist)
 
 
 def copy_package(source_root: Path, dest_root: Path, compiled_from: Path | None = None) -> None:
@@ -317,19 +400,14 @@ def plugin_off_env(tree: Path, extra: dict[str, str] | None = None) -> dict[str,
         VLLM_PLUGINS="",  # no general plugin loads (an empty name matches none)
         VLLM_XPU_MEMFIX="0",  # and this one's master switch, should it load anyway
         PYTHONDONTWRITEBYTECODE="1",
-        **(extra or {}),
     )
+    env.update(extra or {})
     return env
 
 
-def run_tests(
-    tests: list[str], tree: Path, env: dict[str, str] | None = None
-) -> tuple[dict[str, str], str]:
-    """Run ``tests`` (paths inside ``tree``) in the patched copy, in one pytest process
-    (vLLM's import dominates); each file's result ("passed" or "failed") and the output's
-    tail. A file pytest reports nothing for (it could not be collected) has failed."""
-    if not tests:
-        return {}, ""
+def run_pytest(tests: list[str], tree: Path, env: dict[str, str] | None = None) -> str:
+    """Run ``tests`` (paths inside ``tree``) there in one pytest process (vLLM's import
+    dominates), with this plugin off; pytest's output, every test's verdict in it."""
     (tree / "pytest.ini").write_text("[pytest]\n")  # keep the project's config out
     shutil.copy(TESTBED_CONFTEST, tree / "conftest.py")
     done = subprocess.run(
@@ -340,13 +418,33 @@ def run_tests(
         text=True,
         timeout=TEST_TIMEOUT_S,
     )
-    output = done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def passed_tests(output: str, files: list[str]) -> set[str]:
+    """The test ids of ``files`` that pytest's ``-rA`` output reports as passed."""
+    found = re.findall(r"^PASSED (\S+)", output, re.M)
+    return {test for test in found if test.split("::")[0] in files}
+
+
+def per_file(output: str, tests: list[str]) -> dict[str, str]:
+    """Each test file's result in pytest's ``-rA`` output: "passed" if it passed (or
+    skipped) every test and passed one, else "failed"."""
     results = {}
     for test in tests:
         verdicts = re.findall(rf"^(PASSED|FAILED|ERROR|SKIPPED) {re.escape(test)}\b", output, re.M)
         ok = verdicts and "FAILED" not in verdicts and "ERROR" not in verdicts
         results[test] = "passed" if ok and "PASSED" in verdicts else "failed"
-    return results, "\n".join(output.strip().splitlines()[-25:])
+    return results
+
+
+def vllm_tests_in(tree: Path, vllm_tests: Path, env: dict[str, str] | None) -> list[str]:
+    """Copy vLLM's tests from ``vllm_tests`` into ``tree``; the test files there, and
+    ``env`` with their extra dependencies (``site/``) on the path."""
+    shutil.copytree(vllm_tests / "tests", tree / "tests", dirs_exist_ok=True)
+    if env is not None:
+        env["PYTHONPATH"] = os.pathsep.join((str(tree), str(vllm_tests / "site")))
+    return [name for name in VLLM_TESTS if (tree / name).is_file()]
 
 
 def check(
@@ -356,10 +454,19 @@ def check(
     apply_only: bool,
     compiled_from: Path | None = None,
     env: dict[str, str] | None = None,
-) -> list[Outcome]:
+    vllm_tests: Path | None = None,
+) -> list[Outcome | VllmTestsOutcome]:
     """Apply every patch in order to a copy of ``source_root`` in ``tree``, check the
-    attributes each one reads right after it applies, then run the tests."""
+    attributes each one reads right after it applies, then run the tests: the patches'
+    own, and vLLM's ``vllm_tests`` (a directory from ``fetch_vllm_tests``) before the
+    patches and after."""
     copy_package(source_root, tree, compiled_from)
+    env = dict(env or {})
+    own_tests: list[str] = []
+    as_is: set[str] = set()
+    if vllm_tests is not None and not apply_only:
+        own_tests = vllm_tests_in(tree, vllm_tests, env)
+        as_is = passed_tests(run_pytest(own_tests, tree, env), own_tests)
     outcomes = []
     for patch in patches:
         reason = apply(patch, tree)
@@ -368,13 +475,15 @@ def check(
             outcome.missing = undefined_self_reads(patch.read_text(), tree)
         outcomes.append(outcome)
     if apply_only:
-        return outcomes
+        return list(outcomes)
     tests = {
         outcome.patch: ADDED_TEST.findall(patch.read_text())
         for patch, outcome in zip(patches, outcomes, strict=True)
         if outcome.applied
     }
-    results, tail = run_tests(sorted({t for files in tests.values() for t in files}), tree, env)
+    added = sorted({t for files in tests.values() for t in files})
+    output = run_pytest(added + own_tests, tree, env) if added or own_tests else ""
+    results, tail = per_file(output, added), "\n".join(output.strip().splitlines()[-25:])
     for outcome in outcomes:
         if not outcome.applied:
             outcome.tests = "not run"
@@ -385,17 +494,25 @@ def check(
             outcome.tests = "failed" if failed else "passed"
             if failed:
                 outcome.detail = f"failed: {', '.join(failed)}\n{tail}"
-    return outcomes
+    if not own_tests:
+        return list(outcomes)
+    patched = passed_tests(output, own_tests)
+    broken = sorted(as_is - patched)
+    vllm = VllmTestsOutcome(len(as_is), len(patched), broken, tail if broken else "")
+    return [*outcomes, vllm]
 
 
 def check_release(
     release: str, patches: Path, cache: Path, apply_only: bool, tree: Path
-) -> tuple[str, list[Outcome]]:
+) -> tuple[str, list[Outcome | VllmTestsOutcome]]:
     """One release's label and outcomes: ``installed`` or a version from the registry."""
     installed = installed_vllm_root()
     if release == "installed":
         version = release_version(installed)
-        outcomes = check(series(version, patches), installed, tree, apply_only)
+        vllm_tests = None if apply_only else fetch_vllm_tests(version, cache)
+        outcomes = check(
+            series(version, patches), installed, tree, apply_only, vllm_tests=vllm_tests
+        )
         return f"vLLM {version} (installed, {installed})", outcomes
     source = fetch_release(release, cache)
     outcomes = check(
@@ -405,6 +522,7 @@ def check_release(
         apply_only,
         compiled_from=installed,
         env={"VLLM_TARGET_DEVICE": "cpu"},
+        vllm_tests=None if apply_only else fetch_vllm_tests(release, cache),
     )
     return f"vLLM {release} (its wheel's Python, {source})", outcomes
 
@@ -416,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", action="append", help="installed or X.Y.Z (repeatable)")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--apply-only", action="store_true")
+    parser.add_argument("--vllm-tests", type=Path, help="with --vllm-src: vLLM's tests")
     args = parser.parse_args(argv)
     if not sorted(args.patches.glob("*.patch")):
         print(f"upstream-check: no patches in {args.patches}", file=sys.stderr)
@@ -427,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
                 version = release_version(args.vllm_src)
                 label = f"vLLM {version} ({args.vllm_src})"
                 patches = series(version, args.patches)
-                outcomes = check(patches, args.vllm_src, Path(tmp), args.apply_only)
+                outcomes = check(
+                    patches, args.vllm_src, Path(tmp), args.apply_only, vllm_tests=args.vllm_tests
+                )
             else:
                 label, outcomes = check_release(
                     release, args.patches, args.cache, args.apply_only, Path(tmp)
@@ -442,7 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"upstream-check: FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
-    print("upstream-check: every patch applies, reads only what exists, and passes its tests")
+    print(
+        "upstream-check: every patch applies, reads only what exists and passes its tests;"
+        " vLLM's own tests pass as before"
+    )
     return 0
 
 

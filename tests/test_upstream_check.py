@@ -1,5 +1,6 @@
 """scripts/upstream_check.py on a stand-in ``vllm`` package: the ways a patch can fail,
-a release's variants, the attribute check, and the release cache.
+a release's variants, the attribute check, the release cache, and vLLM's own tests run
+before and after the series.
 
 The real series is checked by ``make upstream-check``; these cases only need a
 package named ``vllm`` to copy, patch and import, so they take a second.
@@ -215,3 +216,84 @@ def test_the_installed_build_lends_the_compiled_parts_a_release_lacks(tmp_path, 
     assert (tree / "vllm" / "_C.abi3.so").resolve() == installed / "vllm" / "_C.abi3.so"
     assert (tree / "vllm" / "own.abi3.so").resolve() == source / "vllm" / "own.abi3.so"
     assert (tree / "vllm" / "answer.py").read_text() == "VALUE = 41\n"
+
+
+EXISTING_TEST = """\
+import vllm.answer
+
+
+def test_value_is_41():
+    assert vllm.answer.VALUE == 41
+
+
+def test_always():
+    pass
+"""
+
+
+@pytest.fixture
+def vllm_tests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A release's own tests as ``fetch_vllm_tests`` keeps them: one file of two tests."""
+    directory = tmp_path / "vllm-tests"
+    (directory / "tests").mkdir(parents=True)
+    (directory / "site").mkdir()
+    (directory / "tests" / "test_existing.py").write_text(EXISTING_TEST)
+    monkeypatch.setattr(upstream_check, "VLLM_TESTS", ("tests/test_existing.py",))
+    return directory
+
+
+def run_with_vllm_tests(tmp_path, source, vllm_tests, capsys) -> tuple[int, str]:
+    argv = ["--patches", str(tmp_path / "patches"), "--vllm-src", str(source)]
+    code = upstream_check.main([*argv, "--vllm-tests", str(vllm_tests)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_vllm_test_the_series_breaks_fails_the_check(
+    tmp_path, source, patches, vllm_tests, capsys
+):
+    write_patch(patches, "0001-fix", old=41, new=42, expected=42)
+    code, out = run_with_vllm_tests(tmp_path, source, vllm_tests, capsys)
+    assert code == 1
+    assert "0001-fix.patch: applied, tests passed" in out
+    broken = "BROKEN BY THE SERIES: tests/test_existing.py::test_value_is_41"
+    assert f"2 passed as is, 1 patched, {broken}" in out
+
+
+def test_vllm_tests_that_still_pass_pass_the_check(tmp_path, source, patches, vllm_tests, capsys):
+    (patches / "0001-test.patch").write_text(ADD_TEST.format(subject="t", name="t", expected=41))
+    code, out = run_with_vllm_tests(tmp_path, source, vllm_tests, capsys)
+    assert code == 0, out
+    assert "vLLM's tests of the touched modules: 2 passed as is, 2 patched" in out
+
+
+def test_vllm_tests_come_from_the_release_sdist_once(tmp_path, monkeypatch):
+    calls = []
+
+    def pip(command, **kwargs):
+        calls.append(command)
+        if "download" in command:  # pip unpacks the sdist, then fails to build it
+            unpacked = Path(kwargs["env"]["TMPDIR"]) / "pip-download-x" / "vllm_y"
+            for name in ("tests/__init__.py", "tests/utils.py", "tests/v1/__init__.py"):
+                (unpacked / name).parent.mkdir(parents=True, exist_ok=True)
+                (unpacked / name).write_text("")
+            (unpacked / "tests" / "v1" / "test_kept.py").write_text("")
+            (unpacked / "tests" / "v1" / "test_other.py").write_text("")
+            return subprocess.CompletedProcess(command, 1, "", "")
+        Path(command[command.index("--target") + 1]).mkdir(parents=True)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(upstream_check.subprocess, "run", pip)
+    monkeypatch.setattr(upstream_check, "VLLM_TESTS", ("tests/v1/test_kept.py",))
+    kept = upstream_check.fetch_vllm_tests("9.9.9+cpu", tmp_path / "cache")
+    assert kept == tmp_path / "cache" / "vllm-tests-9.9.9"
+    files = sorted(str(p.relative_to(kept)) for p in kept.rglob("*.py"))
+    assert files == [
+        "tests/__init__.py",
+        "tests/utils.py",
+        "tests/v1/__init__.py",
+        "tests/v1/test_kept.py",
+    ]
+    assert "vllm==9.9.9" in calls[0] and "orjson" in calls[1]
+    assert upstream_check.fetch_vllm_tests("9.9.9", tmp_path / "cache") == kept
+    assert len(calls) == 2  # the second run is offline
