@@ -9,19 +9,19 @@
 # tests and vLLM's own, from its sdist), series/ (docs/upstream/patches/000*.patch).
 # Results land in $OUT: env.txt and one pytest log per run.
 set -u
-D=$PWD/.device
+REPO=$PWD D=$PWD/.device
 test -d "$D/up48" || { echo "no .device/up48 in $PWD"; exit 3; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_PLUGINS= PYTHONDONTWRITEBYTECODE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $OUT/env.txt
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $D/whl034/*.whl || exit 4
-mkdir -p /tmp/patched && cd /tmp/patched
+rm -rf /tmp/patched /tmp/plain && mkdir -p /tmp/patched && cd /tmp/patched
 tar xJf $D/up48/vllm034-patched.tar.xz && tar xzf $D/up48/vllm034-data.tar.gz && tar xzf $D/up48/vllm-tests.tar.gz
 # Stand-ins (as benchmarks/device/README.md): a version record so vLLM picks the CUDA
 # platform, an empty compiled module the CUDA platform imports; vLLM's tests/conftest.py
-# (which needs its test requirements) replaced by an empty one.
+# (which needs its test requirements) replaced by benchmarks/device/upstream_gpu_conftest.py.
 mkdir -p vllm-0.34.0.dist-info && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' > vllm-0.34.0.dist-info/METADATA
-: > vllm/_C_stable_libtorch.py; : > tests/conftest.py; printf '[pytest]\n' > pytest.ini
+: > vllm/_C_stable_libtorch.py; cp "$REPO/benchmarks/device/upstream_gpu_conftest.py" tests/conftest.py; printf '[pytest]\n' > pytest.ini
 cp -r /tmp/patched /tmp/plain
 (cd /tmp/plain && for p in $(ls -r $D/up48/series/*.patch); do git apply -R "$p" || echo "REVERSE FAILED $p"; done)
 python3 -c "import torch,transformers,sys;print(sys.version.split()[0],'torch',torch.__version__,'transformers',transformers.__version__)" >> $OUT/env.txt
