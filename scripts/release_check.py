@@ -144,7 +144,13 @@ def clean_venv_runs_the_cli(wheel: Path, python: str, scratch: Path, expected: s
     judged = clean(cli, *planned, offline=True)
     if "Verdict: " not in judged:
         raise ReleaseError(f"doctor gave no verdict without vLLM:\n{judged[-500:]}")
-    return [*ran, "doctor --write-host", "doctor --host"]
+    entry = clean(cli, "explain", "device_overcommit")
+    if "device_overcommit" not in entry or len(entry.splitlines()) < 3:
+        raise ReleaseError(f"explain printed no entry from the wheel:\n{entry[-500:]}")
+    report = clean(cli, "report")
+    if "vllm-xpu-memfix" not in report or "not installed" not in report:
+        raise ReleaseError(f"report without vLLM did not say so:\n{report[-500:]}")
+    return [*ran, "doctor --write-host", "doctor --host", "explain CODE", "report"]
 
 
 def serve_with_the_wheel(wheel: Path, scratch: Path, expected: str) -> list[str]:

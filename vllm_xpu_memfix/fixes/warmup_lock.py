@@ -76,7 +76,8 @@ SECTION_TARGETS = (
     "vllm.distributed.elastic_ep.elastic_execute:kernel_warmup",
 )
 REMOVE_WHEN = RemoveWhen(
-    "kernel_warmup serialises its process-local section itself (upstream patch 0004)",
+    "kernel_warmup can serialise its process-local section itself (upstream patch 0004, "
+    "opt-in: KernelConfig.serialize_process_local_warmup)",
     MODULE,
     ("FileLock", "flock", "take_warmup_turn"),
 )
