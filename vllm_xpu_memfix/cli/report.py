@@ -14,7 +14,6 @@ name unless ``--hostname``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -26,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from vllm_xpu_memfix import __version__
-from vllm_xpu_memfix.core import config, files, numbers
+from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.memory import ledger_files
 from vllm_xpu_memfix.startup import prediction_check
 
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -48,7 +48,7 @@ ENV_PREFIXES = (
     "EnableDeferBacking",
     "ForceZeDeviceCanAccessPerReturnValue",
 )
-LEDGER_FILE_CAP = 16 * 1024**2
+LEDGER_FILE_CAP = ledger_files.CAP
 # The start-up model's phases and the ledger phase each is measured at.
 MEASURED_AT = {
     "load": "weights processed",
@@ -169,28 +169,11 @@ class LedgerRead:
 
 
 def read_ledger(directory: Path) -> LedgerRead:
-    read = LedgerRead()
-    try:
-        paths = sorted(directory.glob("ledger-*.jsonl"))
-    except OSError as exc:
-        read.skipped_files.append(f"{directory}: {exc.strerror or exc}")
-        return read
-    for path in paths:
-        try:
-            text = files.read_text(path, LEDGER_FILE_CAP)
-        except OSError as exc:
-            read.skipped_files.append(f"{path.name}: {exc.strerror or exc}")
-            continue
-        for line in text.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if isinstance(row, dict) and isinstance(row.get("ts"), (int, float)):
-                read.rows.append(row)
-            elif line.strip():
-                read.junk_lines += 1
-    return read
+    """The ledger's rows with a number ``ts``; any other line is junk."""
+    found = ledger_files.read(directory, LEDGER_FILE_CAP)
+    rows = [r for r in found.rows if isinstance(r.get("ts"), (int, float))]
+    junk = found.junk_lines + len(found.rows) - len(rows)
+    return LedgerRead(rows, found.unreadable, junk)
 
 
 def last_start(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,18 +6,14 @@ named, every string from a row escaped before it reaches a log line."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.numbers import printable
 from vllm_xpu_memfix.core.units import GiB
-
-# One ledger file's most: a start-up writes a few hundred rows of about 400 bytes each.
-LEDGER_CAP = 16 * 2**20
+from vllm_xpu_memfix.memory import ledger_files
 
 
 @dataclass(frozen=True)
@@ -28,40 +24,31 @@ class LedgerRows:
     skipped: int
 
 
-def _row_or_none(text: str, since: float) -> dict[str, Any] | None:
-    """A ledger row of this start (a JSON object with an int pid, a number ts), or None."""
-    try:
-        row = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(row, dict) or type(row.get("pid")) is not int:
-        return None
+def _of_this_start(row: dict[str, Any], since: float) -> bool:
+    """A row of this start: an int pid and a number ts from ``since`` (less a second) on."""
     ts = row.get("ts")
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < since - 1:
-        return None
-    return row
+    return (
+        type(row.get("pid")) is int
+        and isinstance(ts, (int, float))
+        and not isinstance(ts, bool)
+        and ts >= since - 1
+    )
 
 
 def ledger_rows(directory: Path | None, since: float) -> LedgerRows:
-    """The ledger files read through ``core.files`` (regular files only, bounded, never
-    blocking on a FIFO); a line that is not one of this start's rows is skipped and
-    counted, and a file that cannot be read counts as one skipped row."""
-    by_pid: dict[int, dict[str, Any]] = {}
-    skipped = 0
+    """The ledger files as ``ledger_files`` reads them; a line that is not one of this
+    start's rows is skipped and counted, and a file that cannot be read counts as one
+    skipped row."""
     if directory is None or not directory.is_dir():
         return LedgerRows([], 0)
-    for path in sorted(directory.glob("ledger-*.jsonl")):
-        try:
-            text = files.read_text(path, LEDGER_CAP)
-        except OSError:
+    found = ledger_files.read(directory)
+    skipped = len(found.unreadable) + found.junk_lines
+    by_pid: dict[int, dict[str, Any]] = {}
+    for row in found.rows:
+        if not _of_this_start(row, since):
             skipped += 1
-            continue
-        for line in text.splitlines():
-            row = _row_or_none(line, since)
-            if row is None:
-                skipped += bool(line.strip())
-            elif row["pid"] != os.getpid():
-                by_pid[row["pid"]] = row  # rows are appended: the last one read is the latest
+        elif row["pid"] != os.getpid():
+            by_pid[row["pid"]] = row  # rows are appended: the last one read is the latest
     return LedgerRows(list(by_pid.values()), skipped)
 
 

@@ -16,17 +16,16 @@ them. Measured at ready, not over the start: a transient peak while loading is n
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch
 from vllm_xpu_memfix.core.units import GiB, MiB
+from vllm_xpu_memfix.memory import ledger_files
 
 logger = get_logger("prediction_check")
 
@@ -121,19 +120,10 @@ def workers_vram(directory: Path | None, since: float) -> int | None:
     if directory is None:
         return None
     largest = None
-    for path in sorted(directory.glob("ledger-*.jsonl")):
-        try:
-            text = files.read_text(path, LEDGER_CAP)
-        except OSError:
-            continue
-        for raw in text.splitlines():
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                continue
-            vram = row.get("drm_total_vram") if isinstance(row, dict) else None
-            if isinstance(vram, int) and (row.get("ts") or 0) >= since:
-                largest = max(largest or 0, vram)
+    for row in ledger_files.read(directory, LEDGER_CAP).rows:
+        vram = row.get("drm_total_vram")
+        if isinstance(vram, int) and (row.get("ts") or 0) >= since:
+            largest = max(largest or 0, vram)
     return largest
 
 
