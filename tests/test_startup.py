@@ -114,19 +114,23 @@ def test_a_host_without_ram_figures_is_not_judged_on_the_host():
     assert out.verdict == codes.FITS and not out.host_judged
 
 
-def test_the_image_remedy_never_proposes_an_older_line():
-    inputs = phases.Inputs(
+def two_layouts_on_one_b60(linear_params: float) -> phases.Inputs:
+    """0.21.0-b1's two sym_int4 layouts, one B60, a 200 GiB room."""
+    return phases.Inputs(
         tp=1,
         utilization=0.9,
         device_bytes=B60,
-        linear_params=40e9,
+        linear_params=linear_params,
         linear_bytes_per_weight=catalog.TWO_LAYOUTS,
         int4_layouts=2,
         gpus_in_context=1,
         battlemage_in_context=1,
         room=200 * GiB,
     )
-    out = phases.run(inputs)
+
+
+def test_the_image_remedy_never_proposes_an_older_line():
+    out = phases.run(two_layouts_on_one_b60(40e9))
     assert out.verdict == codes.RUNS_OUT
 
     def image_remedy(tag: str | None) -> str:

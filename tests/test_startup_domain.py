@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_startup import B60, B70, GiB, machine
+from test_startup import B60, B70, GiB, machine, two_layouts_on_one_b60
 
 from vllm_xpu_memfix.cli.doctor import serveline
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError, read_checkpoint
@@ -471,18 +471,7 @@ def test_a_remedy_that_removes_a_listed_cause_is_listed_though_the_verdict_stays
     removes duplicate_int4_layout, which doctor lists, so it is a remedy (issue 45 class 4)."""
     from vllm_xpu_memfix.intel import catalog
 
-    inputs = phases.Inputs(
-        tp=1,
-        utilization=0.9,
-        device_bytes=B60,
-        linear_params=60e9,
-        linear_bytes_per_weight=catalog.TWO_LAYOUTS,
-        int4_layouts=2,
-        gpus_in_context=1,
-        battlemage_in_context=1,
-        room=200 * GiB,
-    )
-    out = phases.run(inputs)
+    out = phases.run(two_layouts_on_one_b60(60e9))
     judged = remedies.remedies(out, remedies.Context(image=catalog.image_named("0.21.0-b1")))
     (image,) = [r for r in judged.remedies if r.code == codes.NEWER_IMAGE]
     assert image.after.verdict == out.verdict == codes.RUNS_OUT
