@@ -30,6 +30,12 @@ def see(code: str) -> str:
     return f"vllm-xpu-memfix explain {code}"
 
 
+def fit(text: str, limit: int = LIMIT) -> str:
+    """``text`` within ``limit`` characters, an ellipsis where it was cut: for a record the
+    caller composes, so that the shape filter never has to cut it."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def listed(items: Sequence[str], width: int) -> str:
     """``items`` joined by commas within ``width`` characters, the rest counted: a list in a
     record keeps the record within :data:`LIMIT` however long the list grows."""

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.config import Mode, Settings
-from vllm_xpu_memfix.core.log import get_logger, listed, see
+from vllm_xpu_memfix.core.log import fit, get_logger, listed, see
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.startup import prediction_check
@@ -117,10 +117,6 @@ class Verdict:
     cause: str | None
     json: dict[str, Any]
     host_cause: str | None = None  # the OOM-kill line's likely cause: the host's largest
-
-
-def _fit(text: str, limit: int = MAX_RECORD) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def platform_of(vllm_config: Any) -> str:
@@ -342,8 +338,8 @@ def line_of(verdict: Verdict, prefix: str = HEAD) -> str:
     room = MAX_RECORD - len(head) - len(tail)
     details = "; ".join(verdict.details)
     if details and room > 8:
-        head += _fit(f"; {details}", room)
-    return _fit(head + tail)
+        head += fit(f"; {details}", room)
+    return fit(head + tail)
 
 
 def _log_details(details: dict[str, Any]) -> None:
@@ -378,7 +374,7 @@ def run_preflight(
     try:
         verdict = judge(vllm_config, settings, os.environ, not_modelled)
     except Exception as exc:  # never into vLLM
-        logger.debug(_fit(f"{HEAD} no verdict (internal error: {exc!r})"))
+        logger.debug(fit(f"{HEAD} no verdict (internal error: {exc!r})"))
         verdict = None
     line = "" if verdict is None else line_of(verdict)
     said, cause = (verdict.verdict, verdict.host_cause) if verdict else (None, None)
@@ -412,7 +408,7 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
     skipped = f"; {rows.skipped} ledger row(s) skipped, unreadable" if rows.skipped else ""
     pointer = f"; see {see(judgement.cause)}" if judgement.cause else ""
     who = oom_victim.victim_words(victim, settings.ledger_dir is not None)
-    line = _fit(
+    line = fit(
         f"vllm-xpu-memfix: start-up failed after the kernel's OOM killer acted (oom_kill "
         f"{judgement.oom_kills} -> {now}): likely {who}; likely cause {cause}{skipped}{pointer}"
     )
@@ -430,7 +426,7 @@ def after_the_fact(settings: Settings, judgement: Judgement | None, error: BaseE
             victim_phase=None if victim is None else victim.get("phase"),
             likely_cause=judgement.cause,
             ledger_rows_skipped=rows.skipped,
-            error=_fit(str(error), 200),
+            error=fit(str(error), 200),
         )
 
 
@@ -442,7 +438,7 @@ def not_modelled_flags(engine_args: Any) -> tuple[str, ...]:
     try:
         return domain.not_modelled(engine_args)
     except Exception as exc:  # never into vLLM
-        logger.debug(_fit(f"{HEAD} engine arguments not classified: {exc!r}"))
+        logger.debug(fit(f"{HEAD} engine arguments not classified: {exc!r}"))
         return ()
 
 
@@ -464,7 +460,7 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
             try:
                 after_the_fact(settings, state.get("last"), exc)
             except Exception as inner:  # never into vLLM
-                logger.debug(_fit(f"vllm-xpu-memfix: OOM-kill check failed: {inner!r}"))
+                logger.debug(fit(f"vllm-xpu-memfix: OOM-kill check failed: {inner!r}"))
             raise
 
     return (

@@ -127,10 +127,6 @@ def workers_vram(directory: Path | None, since: float) -> int | None:
     return largest
 
 
-def _fit(text: str) -> str:
-    return text if len(text) <= 320 else text[:319] + "…"
-
-
 def _ratio(measured: float, predicted: float) -> str:
     return f"{measured / predicted:.2f}x" if predicted > 0 else "n/a"
 
