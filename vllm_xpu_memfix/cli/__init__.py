@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--host",
         metavar="FILE",
         type=_path("--host"),
-        help="judge the machine this TOML file describes (docs/doctor.md), not this one",
+        help="judge the machine this TOML file describes (--write-host writes one), not this one",
     )
     doctor.add_argument(
         "--write-host",

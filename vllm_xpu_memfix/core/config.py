@@ -152,8 +152,7 @@ def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
         f"{kind}_slots",
         AUTO_SLOTS,
         f"{SLOTS.accepted}, or {AUTO_SLOTS}",
-        f"{doc} auto: as many as the host's room holds ranks' staging (docs/design/load-lock.md), "
-        "1 with load_lock=on.",
+        f"{doc} auto: as many as the host's room holds ranks' staging, 1 with load_lock=on.",
         _slots_or_auto,
         bounds=SLOTS,
     )
