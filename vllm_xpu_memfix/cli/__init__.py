@@ -142,7 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", help="one Markdown block for an issue: versions, GPUs, driver, memory, last start"
     )
-    report.add_argument("--ledger", help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR)")
+    report.add_argument(
+        "--ledger",
+        help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR, else the plugin's "
+        "default under ~/.cache)",
+    )
+    report.add_argument(
+        "--start", type=int, help="show start-up N of the ledger (1 = oldest; default: the last)"
+    )
     report.add_argument("--hostname", action="store_true", help="show this host's name")
     plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")
