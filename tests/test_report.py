@@ -19,7 +19,7 @@ from helpers.odd_files import fifo, within
 from hosts import B70, build_host
 
 from vllm_xpu_memfix.cli.report import starts
-from vllm_xpu_memfix.core.process import start_identity
+from vllm_xpu_memfix.core.process import start_identity, started_pid
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.startup import prediction_check
 
@@ -100,11 +100,18 @@ def test_a_real_start_logs_the_prediction_beside_the_measurement_and_report_show
     with Server(tiny_model, tmp_path / "server.log", env=env) as server:
         server.wait_ready()
         log = server.log_text()
+        assert server.process is not None
+        server_pid = server.process.pid
     (line,) = [x for x in log.splitlines() if "vllm-xpu-memfix: ready; preflight" in x]
     assert " INFO " in line and len(line.split("] ", 1)[1]) <= 320
     rows = [
         json.loads(x) for p in ledger.glob("ledger-*.jsonl") for x in p.read_text().splitlines()
     ]
+    # One start-up: the API server named it, its engine and worker inherited the name.
+    (start,) = {r["start"] for r in rows}
+    assert started_pid(start) == server_pid and len({r["pid"] for r in rows}) >= 3
+    (begun,) = [r for r in rows if "argv" in r]
+    assert begun["pid"] == server_pid and " serve " in begun["argv"]
     (ready,) = [r for r in rows if r["phase"] == prediction_check.READY and "predicted_host" in r]
     (predicted,) = [r for r in rows if r["phase"] == prediction_check.PREDICTED]
     assert ready["predicted_host"] == predicted["predicted_host"] > 0

@@ -20,7 +20,9 @@ Mechanism
     only), and the likely cause is named for what remains; and the host's room then
     (``memory.room``, the figure the load lock and doctor use: MemAvailable, or the
     container's cgroup limit less its usage where smaller).
-    ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The
+    Every phase is also a JSON line in the ledger directory
+    (``VLLM_XPU_MEMFIX_LEDGER_DIR``, by default under the user's cache), each row with its
+    start-up's identity (``core.process.start_identity``). The
     "ready" hook removes itself after the first batch, so nothing stays on the
     per-step path.
 Targets
