@@ -53,7 +53,9 @@ def cell(text: str, name: str) -> str:
 
 def test_the_machine_comes_from_the_sysroot_without_vllm(tmp_path):
     host = build_host(tmp_path / "host", [B70, B70], runtime="26.14.37833.4", kernel="6.14.0-29")
-    result = run_report({"VLLM_XPU_MEMFIX_SYSROOT": str(host)})
+    result = run_report(
+        {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert cell(out, "GPUs").startswith("2x Arc Pro B70 (0xe223), 32.0 GiB each")
