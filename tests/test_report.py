@@ -113,7 +113,7 @@ def test_a_real_start_logs_the_prediction_beside_the_measurement_and_report_show
     (start,) = {r["start"] for r in rows}
     assert started_pid(start) == server_pid and len({r["pid"] for r in rows}) >= 3
     (begun,) = [r for r in rows if "argv" in r]
-    assert begun["pid"] == server_pid and " serve " in begun["argv"]
+    assert begun["pid"] == server_pid and f"--port {server.port}" in begun["argv"]
     (ready,) = [r for r in rows if r["phase"] == prediction_check.READY and "predicted_host" in r]
     (predicted,) = [r for r in rows if r["phase"] == prediction_check.PREDICTED]
     assert ready["predicted_host"] == predicted["predicted_host"] > 0

@@ -130,7 +130,6 @@ def show(block: Block, read: LedgerRead, number: int | None, where: str) -> None
         start_lines(block, read.starts[chosen - 1])
         others = [(i, s) for i, s in enumerate(read.starts, 1) if i != chosen][-LISTED:]
         if others:
-            block.lines.append("")
             block.line("Other start-ups in this ledger (report --start N shows one):")
             for i, other in others:
                 block.bullet(f"{i}: {other.summary()}")
