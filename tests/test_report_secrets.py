@@ -176,9 +176,15 @@ def test_the_allow_list_not_the_name_decides():
             "--api-key=<redacted> --hf-token <redacted> --host 0.0.0.0",
         ),
         ("token hf_abcdefghij", "token <redacted>"),
+        ("--max-num-batched-tokens 8192 --tokenizer org/tok", None),
+        (
+            "--auth-token=t0ps3cret --master-addr node7",
+            "--auth-token=<redacted> --master-addr <host>",
+        ),
     ],
 )
 def test_the_redactor(text, expected):
+    expected = text if expected is None else expected
     assert redact.Redactor({"HOME": "/home/alice"}, show_host=True)(text) == expected
 
 

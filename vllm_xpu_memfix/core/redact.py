@@ -27,8 +27,12 @@ SECRET_WORDS = frozenset(
     {"TOKEN", "TOKENS", "KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD"}
     | {"PASS", "CREDENTIAL", "CREDENTIALS", "AUTH", "COOKIE", "SIGNATURE", "PRIVATE"}
 )
+# An option with one of these as a word of its name: --api-key, --hf-token, not --tokenizer
+# or --max-num-batched-tokens.
 _SECRET_OPTION = re.compile(
-    r"(--?[\w-]*(?:key|token|secret|passw|credential|auth|cookie)[\w-]*)(=|\s+)(\S+)", re.I
+    r"(--?(?:\w+-)*(?:key|token|secret|password|passwd|credentials?|auth|cookie)(?:-\w+)*)"
+    r"(=|\s+)(\S+)",
+    re.I,
 )
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
 _BARE_CREDENTIALS = re.compile(r"(?<![\w/])[\w.%+-]+:[^\s/@:]+@(?=[\w\[])")
@@ -39,7 +43,9 @@ _IPV6_CANDIDATE = re.compile(
     r"(?<![\w:.])\[?([0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(%\w+)?\]?"
 )
 _KEEP_ADDRESSES = frozenset({"127.0.0.1", "0.0.0.0", "::1", "::"})
-_HOST_OPTION = re.compile(r"(--?[\w-]*(?:host|addr|address)[\w-]*)(=|\s+)(?!-)(\S+)", re.I)
+_HOST_OPTION = re.compile(
+    r"(--?(?:\w+-)*(?:host|hostname|addr|address|ip)(?:-\w+)*)(=|\s+)(?!-)(\S+)", re.I
+)
 _OTHER_HOMES = re.compile(r"(?<![\w.~-])/(?:home|Users)/[^/\s\"'`|<>]+")
 _WINDOWS_HOMES = re.compile(r"(?i)\b[A-Z]:[\\/]+Users[\\/]+[^\\/\s\"'`|<>]+")
 # Where a path component ends: anything but a character of a name.
