@@ -85,7 +85,7 @@ def likely_victim(rows: LedgerRows, error: BaseException) -> dict[str, Any] | No
 def victim_words(victim: dict[str, Any] | None, ledger_set: bool) -> str:
     """``worker-0 pid=7 after phase 'weights loaded'; host then MemAvailable ...``."""
     if victim is None:
-        unrecorded = "" if ledger_set else ": set VLLM_XPU_MEMFIX_LEDGER_DIR to record phases"
+        unrecorded = "" if ledger_set else ": VLLM_XPU_MEMFIX_LEDGER_DIR=off records none"
         return f"a vLLM process (phase unknown{unrecorded})"
     role, phase = printable(str(victim.get("role")), 40), printable(str(victim.get("phase")), 60)
     words = f"{role} pid={victim['pid']} after phase '{phase}'"

@@ -2,7 +2,8 @@
 
 The preflight (``fixes/preflight``) hands its verdict here (:func:`keep`): each phase's need
 from the verdict's JSON (the XPU start-up model's phases, or the CPU backend's weights and
-KV cache); with ``VLLM_XPU_MEMFIX_LEDGER_DIR`` set it is also a ``preflight`` ledger row.
+KV cache); unless ``VLLM_XPU_MEMFIX_LEDGER_DIR`` is ``off``, it is also a ``preflight`` ledger
+row.
 When the API server has its engine (vLLM 0.32: ``build_and_serve`` in
 ``vllm/entrypoints/launchers/api_server/entry.py``, called by ``run_server_worker`` once
 ``build_async_engine_client`` has started the engine: weights loaded, KV cache allocated,
