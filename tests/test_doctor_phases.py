@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.own_parser import own_parser
 from hosts import qwen_27b_like
 
 from vllm_xpu_memfix import cli
@@ -74,7 +75,7 @@ def machine(
 
 def judge(host: str, *serve: str) -> dict[str, Any]:
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), own_parser():
         code = cli.main(["doctor", "--host", host, "--json", "--", "vllm", "serve", *serve])
     assert code == 0, err.getvalue()
     return json.loads(out.getvalue())

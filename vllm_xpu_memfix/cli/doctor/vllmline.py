@@ -54,6 +54,7 @@ _CPU_RESOLVED = (
     "kv_cache_memory_bytes",
     "distributed_executor_backend",
 )
+_DISTRIBUTION = re.compile(r"vllm(?:[-_][A-Za-z0-9]+)?")
 _BATCH = re.compile(
     r"max_num_batched_tokens \((\d+)\) must be greater than or equal to max_num_seqs \((\d+)\)"
 )
@@ -69,6 +70,8 @@ def installed() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return None
     for name in importlib.metadata.packages_distributions().get("vllm", []):
+        if not _DISTRIBUTION.fullmatch(name):
+            continue  # a plugin that adds a module to vllm's package (a sym_int4 replay)
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return importlib.metadata.version(name)
     return None
