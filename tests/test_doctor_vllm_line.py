@@ -146,6 +146,18 @@ def test_vllms_parser_and_doctors_own_read_common_lines_alike(flags, models):
     assert {f.split()[0] for f in vllms.not_modelled} == {f.split()[0] for f in own.not_modelled}
 
 
+def test_doctors_own_flags_join_vllms_reading_of_the_line_and_must_agree(models):
+    line = ["vllm", "serve", str(models["qwen3-32b"]), "--max-num-seqs", "64"]
+    args = vllmline.read(line, {"tensor_parallel_size": 2}, "0.32.0").args
+    assert (args.tensor_parallel_size, args.max_num_seqs) == (2, 64)
+    with pytest.raises(serveline.ServeLineError, match="max_num_seqs is 8 in doctor's flags"):
+        vllmline.read(line, {"max_num_seqs": 8}, "0.32.0")
+    with pytest.raises(serveline.ServeLineError, match="names no model"):
+        vllmline.read(["vllm", "serve", "-tp", "2"], {}, "0.32.0")
+    with pytest.raises(serveline.ServeLineError, match="vLLM's parser: argument"):
+        vllmline.read([*line, "-tp", "two"], {}, "0.32.0")
+
+
 def test_without_vllm_doctor_says_it_used_its_own_parser(models):
     with own_parser():
         report = doctor(str(models["qwen3-32b"]), "--max-num-seqs", "512",

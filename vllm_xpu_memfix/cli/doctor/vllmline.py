@@ -145,18 +145,19 @@ class _Reader(argparse.ArgumentParser):
 
 
 @functools.cache
-def _parser(serve: bool) -> Any:
-    """vLLM's serve parser: ``vllm serve``'s subcommand, or the API server module's own."""
+def _parser(serve: bool) -> tuple[Any, Any]:
+    """vLLM's serve parser: ``vllm serve``'s subcommand, or the API server module's own;
+    (the parser to call, the one holding the serve arguments)."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     reader = type("Reader", (_Reader, FlexibleArgumentParser), {})
     top = reader(prog="vllm")
     if not serve:
-        return make_arg_parser(top)
+        return make_arg_parser(top), top
     subcommands = top.add_subparsers(dest="subparser", parser_class=reader)
-    make_arg_parser(subcommands.add_parser("serve", usage="vllm serve [model_tag] [options]"))
-    return top
+    inner = subcommands.add_parser("serve", usage="vllm serve [model_tag] [options]")
+    return top, make_arg_parser(inner)
 
 
 def _plugins_but_this() -> str:
@@ -206,7 +207,7 @@ def _grouped(extra: Sequence[str]) -> tuple[str, ...]:
 
 def _parse(words: Sequence[str]) -> tuple[argparse.Namespace, tuple[str, ...]]:
     serve, rest = serveline.launcher_args(list(words))
-    parser = _parser(serve)
+    parser, _ = _parser(serve)
     known: dict[str, list[str]] = {}
 
     original = parser.parse_known_args
@@ -377,7 +378,7 @@ def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
     parser = parser_words(version)
     with _vllm_quiet():
         namespace, unknown = _parse(words)
-        _merge(namespace, words, own, _parser(serve))
+        _merge(namespace, words, own, _parser(serve)[1])
         flags: list[str] = []
         try:
             config = _build(namespace, flags)
