@@ -79,6 +79,8 @@ def test_expert_parallel_on_a_dense_model_is_vllms_refusal(models):
 def test_tp_not_dividing_the_heads_is_vllms_refusal_and_its_remedies_are_vllms(models):
     report = doctor(str(models["qwen3-32b"]), "-tp", "5")
     assert report["main_cause"] == codes.VLLM_REFUSES and "(64)" in report["why"]
+    # vLLM's message only: the model's own heads rule is for TPs vLLM did not check
+    assert [c["code"] for c in report["causes"]].count(codes.VLLM_REFUSES) == 1
     tps = [r["what"].split(":")[0] for r in report["remedies"] + report["not_helping"]]
     assert "--tensor-parallel-size 4" in tps and "--tensor-parallel-size 8" in tps
 

@@ -308,7 +308,7 @@ def _build(namespace: argparse.Namespace, flags: list[str]) -> Any:
 
 
 def _resolved(config: Any, flags: tuple[str, ...], namespace: argparse.Namespace) -> ServeArgs:
-    args = replace(engine_config.serve_args(config, flags), config_checked=True)
+    args = engine_config.serve_args(config, flags)
     if str(config.device_config.device_type) == "xpu":
         return args
     left: dict[str, Any] = {n: None for n in _CPU_RESOLVED if getattr(namespace, n, None) is None}
