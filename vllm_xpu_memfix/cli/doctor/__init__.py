@@ -15,7 +15,8 @@ cache (never the network). Whatever doctor could not see or refused is said in t
 report; a checkpoint it cannot read at all exits 2 with one line saying why.
 
 One module a step: ``facts`` reads the host and the model (``hostfile`` and ``described``
-a machine in a file, ``serveline`` a pasted command); the start-up model
+a machine in a file; a pasted command ``vllmline``, by the installed vLLM's parser and
+configuration, else ``serveline``, doctor's own); the start-up model
 (``vllm_xpu_memfix.startup``: ``sizing`` makes its inputs, ``phases`` judges, ``remedies``
 re-runs it with each remedy) gives one outcome; ``advice`` says what could not be seen,
 ``sections`` and ``render`` give the report; this module wires them to the command line.
