@@ -40,7 +40,8 @@ Upstream
     process-local JIT section; see docs/design/warmup-lock.md.
 Remove when
     ``kernel_warmup`` takes a node-local file lock itself (it mentions ``FileLock``,
-    ``flock``, or ``take_warmup_turn`` as in docs/upstream/patches/0004).
+    ``flock``, or ``take_warmup_turn`` as the withdrawn patch 0004 named it; now
+    docs/upstream/rfc-0004-serialized-eager-warm-ups.md).
 """
 
 from __future__ import annotations
@@ -76,8 +77,7 @@ SECTION_TARGETS = (
     "vllm.distributed.elastic_ep.elastic_execute:kernel_warmup",
 )
 REMOVE_WHEN = RemoveWhen(
-    "kernel_warmup can serialise its process-local section itself (upstream patch 0004, "
-    "opt-in: KernelConfig.serialize_process_local_warmup)",
+    "kernel_warmup can serialise its process-local section itself (upstream RFC 0004)",
     MODULE,
     ("FileLock", "flock", "take_warmup_turn"),
 )
