@@ -28,7 +28,6 @@ from vllm_xpu_memfix.memory.checkpoint import (
     Checkpoint,
     CheckpointError,
     Tensor,
-    read_config,
     read_config_file,
     read_index,
     tensors_of,
@@ -110,10 +109,15 @@ def read(name: str, deadline: float) -> Checkpoint:
 
 
 def _read(repo: str, filename: str | None, quant: str | None, timeout: float) -> Checkpoint:
+    from huggingface_hub import HfApi
+
     try:
+        # One request, never retried, says whether the Hub answers and lists the files.
+        info = HfApi().model_info(repo, timeout=timeout)
+        files = frozenset(s.rfilename for s in info.siblings or ())
         if filename or quant:
-            return _gguf_checkpoint(repo, filename, quant, timeout)
-        return _safetensors_checkpoint(repo, timeout)
+            return _gguf_checkpoint(repo, files, filename, quant, timeout)
+        return _safetensors_checkpoint(repo, files, timeout)
     except (CheckpointError, HubUnavailable):
         raise
     except Exception as exc:
@@ -133,41 +137,37 @@ def _why(repo: str, exc: Exception) -> str:
     return f"the Hub could not be read for {repo} ({kind})"
 
 
-def _config(repo: str, timeout: float) -> dict[str, Any]:
-    """config.json, with a quantization file's contents where it names none."""
+def _json(repo: str, name: str, timeout: float) -> dict[str, Any]:
+    """A small JSON file of the repository, through the Hub cache as vLLM fetches it."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
 
-    try:
-        path = Path(hf_hub_download(repo, "config.json", etag_timeout=timeout))
-    except EntryNotFoundError:
-        return {}
-    config, problem = read_config(path.parent)
+    found, problem = read_config_file(Path(hf_hub_download(repo, name, etag_timeout=timeout)))
     if problem:
         raise CheckpointError(f"{repo} on the Hub: {problem}")
+    return found
+
+
+def _config(repo: str, files: frozenset[str], timeout: float) -> dict[str, Any]:
+    """config.json, with a quantization file's contents where it names none."""
+    config = _json(repo, "config.json", timeout) if "config.json" in files else {}
     if "quantization_config" in config:
         return config
     for name in QUANT_FILES:
-        try:
-            quant = Path(hf_hub_download(repo, name, etag_timeout=timeout))
-        except EntryNotFoundError:
-            continue
-        found, _ = read_config_file(quant)
-        if isinstance(found.get("quant_method"), str):
-            return {**config, "quantization_config": found}
+        quant = _json(repo, name, timeout) if name in files else {}
+        if isinstance(quant.get("quant_method"), str):
+            return {**config, "quantization_config": quant}
     return config
 
 
-def _safetensors_checkpoint(repo: str, timeout: float) -> Checkpoint:
+def _safetensors_checkpoint(repo: str, files: frozenset[str], timeout: float) -> Checkpoint:
     """Each shard's header, as ``HfApi.parse_safetensors_file_metadata`` reads it: the
     shards are ``model.safetensors``, else those the index names (as vLLM loads them)."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    config = _config(repo, timeout)
-    api = HfApi()
-    if api.file_exists(repo, SINGLE):
+    config = _config(repo, files, timeout)
+    if SINGLE in files:
         shards: tuple[str, ...] = (SINGLE,)
-    elif api.file_exists(repo, INDEX_NAME):
+    elif INDEX_NAME in files:
         index_path = Path(hf_hub_download(repo, INDEX_NAME, etag_timeout=timeout))
         index, problem = read_index(index_path.parent)
         if index is None:
@@ -175,6 +175,7 @@ def _safetensors_checkpoint(repo: str, timeout: float) -> Checkpoint:
         shards = index.shards
     else:
         raise HubUnavailable(f"{repo} on the Hub holds neither {SINGLE} nor {INDEX_NAME}")
+    api = HfApi()
     # The timeout argument came with huggingface_hub 1.x; older ones use their default.
     takes_timeout = "timeout" in inspect.signature(api.parse_safetensors_file_metadata).parameters
     extra: dict[str, Any] = {"timeout": timeout} if takes_timeout else {}
@@ -195,37 +196,32 @@ def _safetensors_checkpoint(repo: str, timeout: float) -> Checkpoint:
     return Checkpoint(None, tuple(map(Path, shards)), tuple(tensors), config)
 
 
-def _gguf_files(repo: str, quant: str, timeout: float) -> list[str]:
-    """The GGUF files of ``repo`` for ``quant`` (one, or the parts of a split file)."""
-    from huggingface_hub import HfApi
-
-    info = HfApi().model_info(repo, timeout=timeout)
-    names = [s.rfilename for s in info.siblings or ()]
-    wanted = quant.upper()
+def _gguf_files(files: frozenset[str], quant: str) -> list[str]:
+    """The GGUF files for ``quant`` (one, or the parts of a split file)."""
+    wanted = re.compile(rf"(^|[^A-Z0-9]){re.escape(quant.upper())}([^A-Z0-9_]|$)")
     return sorted(
         n
-        for n in names
-        if n.lower().endswith(".gguf")
-        and "mmproj" not in n.lower()
-        and re.search(rf"(^|[^A-Z0-9]){re.escape(wanted)}([^A-Z0-9]|$)", n.upper())
+        for n in files
+        if n.lower().endswith(".gguf") and "mmproj" not in n.lower() and wanted.search(n.upper())
     )
 
 
 def _gguf_checkpoint(
-    repo: str, filename: str | None, quant: str | None, timeout: float
+    repo: str, files: frozenset[str], filename: str | None, quant: str | None, timeout: float
 ) -> Checkpoint:
-    files = [filename] if filename else _gguf_files(repo, quant or "", timeout)
-    if not files:
-        raise CheckpointError(f"{repo} on the Hub has no .gguf file of type {quant}")
+    names = [filename] if filename else _gguf_files(files, quant or "")
+    if not names or (filename and filename not in files):
+        what = filename or f"a .gguf file of type {quant}"
+        raise CheckpointError(f"{repo} on the Hub has no {what}")
     tensors: list[Tensor] = []
     config: dict[str, Any] = {}
-    for name in files:
+    for name in names:
         found, own = _gguf_header(repo, name, timeout)
         tensors += [Tensor(n, kind, shape, nbytes) for n, kind, shape, nbytes in found]
         config = config or own
     if not tensors:
         raise CheckpointError(f"{repo} on the Hub: its GGUF headers name no tensors")
-    return Checkpoint(None, tuple(map(Path, files)), tuple(tensors), config)
+    return Checkpoint(None, tuple(map(Path, names)), tuple(tensors), config)
 
 
 def _gguf_header(
