@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,42 +19,11 @@ from typing import Any
 
 import pytest
 from helpers.hub_standin import HUB, Server
+from test_bad_input_doctor import clean_env, doctor, refused, report
 
 from vllm_xpu_memfix.memory import hub
 
 GIB = 1024**3
-
-
-def clean_env(**env: str) -> dict[str, str]:
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("VLLM_XPU_MEMFIX", "HF_", "HUGGINGFACE"))
-    }
-    return {**base, "HF_HUB_DISABLE_TELEMETRY": "1", **env}
-
-
-def doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_xpu_memfix.cli", "doctor", *args],
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def report(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    return json.loads(result.stdout)
-
-
-def refused(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    (line,) = result.stderr.splitlines()
-    return line
 
 
 def recorded_data_bytes(name: str) -> int:
@@ -82,7 +50,8 @@ def online(standin, tmp_path) -> dict[str, str]:
     standin.requests.clear()
     standin.downloads.clear()
     standin.served.clear()
-    return {"HF_ENDPOINT": standin.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    cache = str(tmp_path / "hf-cache")
+    return {"HF_ENDPOINT": standin.url, "HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "0"}
 
 
 # A 16 GB card, and a serve line as the 16 GB recipes give it: a short context, few sequences.
@@ -166,7 +135,7 @@ def test_a_gguf_on_the_hub_is_sized_from_its_real_header_by_range_requests(stand
 def test_offline_and_not_cached_the_format_and_size_are_unknown(standin, online):
     """HF_HUB_OFFLINE=1: no request leaves, and doctor says it does not know; it never
     sizes the name as 16-bit."""
-    line = refused(doctor("openai/gpt-oss-20b", HF_HUB_OFFLINE="1", **online))
+    line = refused(doctor("openai/gpt-oss-20b", **{**online, "HF_HUB_OFFLINE": "1"}))
     assert line.startswith("doctor: openai/gpt-oss-20b: its format and size are unknown (")
     assert "HF_HUB_OFFLINE is set, so the Hub is not asked" in line
     assert standin.requests == []
@@ -176,8 +145,8 @@ def test_a_hub_that_cannot_be_reached_is_unknown_too(tmp_path):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_CACHE": str(tmp_path / "c")}
-    line = refused(doctor("openai/gpt-oss-20b", **env))
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_OFFLINE": "0"}
+    line = refused(doctor("openai/gpt-oss-20b", HF_HUB_CACHE=str(tmp_path / "c"), **env))
     assert line.startswith("doctor: openai/gpt-oss-20b: its format and size are unknown (")
     assert "the Hub could not be read for openai/gpt-oss-20b" in line
 
@@ -253,7 +222,7 @@ def test_the_preflight_reads_the_hubs_headers_not_the_architecture(standin, onli
     (hf_config stays the engine's own), not from parameters estimated from hf_config."""
     got = preflight_checkpoint("openai/gpt-oss-20b", 5.0, **online)
     assert got == {"source": "the Hub's headers", "bytes": 13_761_264_768, "quant": "mxfp4"}
-    offline = preflight_checkpoint("openai/gpt-oss-20b", 5.0, HF_HUB_OFFLINE="1", **online)
+    offline = preflight_checkpoint("openai/gpt-oss-20b", 5.0, **{**online, "HF_HUB_OFFLINE": "1"})
     assert offline["source"] == "hf_config"
 
 
@@ -280,6 +249,7 @@ def test_the_preflight_never_waits_for_a_hub_that_does_not_answer(tmp_path):
         env = {
             "HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}",
             "HF_HUB_CACHE": str(tmp_path / "c"),
+            "HF_HUB_OFFLINE": "0",
         }
         got = preflight_checkpoint("openai/gpt-oss-20b", 0.5, **env)
     finally:

