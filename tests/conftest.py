@@ -8,6 +8,10 @@ import pytest
 
 from vllm_xpu_memfix.cli.demo.server import Server
 
+# No test reaches the Hugging Face Hub: doctor and the preflight ask it for a model that is
+# not at hand, so the suite runs offline; tests/test_hub.py gives its own stand-in Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -116,13 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "model",
         nargs="?",
-        help="checkpoint directory (safetensors), or a Hugging Face id read from the local cache",
+        help="checkpoint directory (safetensors), a .gguf file, or a Hugging Face id (read from "
+        "the local cache, else its metadata from the Hub)",
     )
     doctor.add_argument(
         "--params",
         metavar="N",
         type=_parameter_count,
-        help="the model's parameter count (8e9, 8B, 500M) where its weights cannot be read",
+        help="the model's parameter count (8e9, 8B, 500M) where nothing else gives its size",
     )
     _serve_flags(doctor)
     doctor.add_argument(

@@ -11,7 +11,9 @@ Mechanism
     process of ``LLM(...)``), right after ``create_engine_config`` returns and before
     EngineCore and the workers are spawned, judge what vLLM resolved, on the devices vLLM's
     platform will use. Under the XPU platform: the start-up model (``startup``) on the
-    engine's own hf_config, context, parallel layout, quantization and KV dtype, and on
+    engine's own hf_config, context, parallel layout, quantization and KV dtype, the
+    checkpoint's headers (its directory, the Hugging Face cache, else the Hub by range
+    request within 5 s, else parameters estimated from hf_config), and on
     this host as doctor reads it (``startup.host``, under the sysroot: the Intel devices
     Level Zero will enumerate, the room, the legacy sym_int4 load, the int4 layouts).
     Under the CPU backend: the weights and the KV cache against the room
@@ -80,6 +82,8 @@ REMOVE_WHEN = RemoveWhen(
 MAX_RECORD = 320
 HEAD = "vllm-xpu-memfix preflight:"
 NOT_FITTING = ("will run out of memory", "will fail")
+# The longest the preflight waits for the Hub's metadata of a model not yet downloaded.
+HUB_DEADLINE = 5.0
 
 
 class PreflightRefused(SystemExit):
@@ -125,11 +129,12 @@ def platform_of(vllm_config: Any) -> str:
 
 
 def checkpoint(vllm_config: Any) -> tuple[Any, str]:
-    """The checkpoint (its directory, else the Hugging Face cache), else sized from the
-    engine's hf_config; and where it came from. The config is the engine's own
-    (``hf_config``): what vLLM read, NaN and all, not a second read of config.json."""
-    from vllm_xpu_memfix.memory import hub_cache
-    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, read_checkpoint
+    """The checkpoint's metadata (its directory, else the Hugging Face cache, else the
+    Hub's headers within ``HUB_DEADLINE`` seconds), else sized from the engine's hf_config;
+    and where it came from. The config is the engine's own (``hf_config``): what vLLM
+    read, NaN and all, not a second read of config.json."""
+    from vllm_xpu_memfix.memory import hub, hub_cache
+    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, CheckpointError, read_checkpoint
     from vllm_xpu_memfix.startup.sizing import params_from_config
 
     name = str(vllm_config.model_config.model)
@@ -140,6 +145,12 @@ def checkpoint(vllm_config: Any) -> tuple[Any, str]:
             directory = hub_cache.find_cached(name).snapshot
     if directory.is_dir() and any(directory.glob("*.safetensors")):
         return replace(read_checkpoint(directory, None, name=name), config=hf), str(directory)
+    if not directory.exists():
+        try:
+            found = hub.read(name, HUB_DEADLINE)
+            return replace(found, config={**found.config, **hf}), "the Hub's headers"
+        except (hub.HubUnavailable, CheckpointError) as exc:
+            logger.debug("%s the Hub's metadata not read: %s", HEAD, exc)
     params = params_from_config(hf)
     if params is None:
         return None, "hf_config (weights not sized)"

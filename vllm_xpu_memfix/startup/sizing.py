@@ -18,7 +18,6 @@ from vllm_xpu_memfix.startup import context, formats, layout, phases, reserve
 # Quantization methods that convert 16-bit weights while loading, through the host.
 ON_THE_FLY_QUANT = frozenset(formats.ON_THE_FLY)
 INT4 = formats.INTEL_INT4
-_NAME_FORMAT = re.compile(r"[-_.](fp8|awq|gptq|int4|w4a16|w8a8|int8)(?=$|[-_.])", re.IGNORECASE)
 # vLLM's `vllm serve` defaults where the line does not give them (EngineArgs: 256
 # sequences outside the large data-centre GPUs; 8192 batched tokens for the API server).
 DEFAULT_MAX_NUM_SEQS = 256
@@ -98,27 +97,25 @@ class Machine:
     int4_layouts: int = 1
 
 
-def checkpoint_format(ckpt: Checkpoint | None, name: str | None) -> formats.Format | None:
-    """The format a checkpoint was quantized to ahead of time, from config.json's
-    ``quantization_config``, else the model's name (then assumed)."""
-    if ckpt is not None:
-        quant = text_config(ckpt.config).get("quantization_config") or ckpt.config.get(
-            "quantization_config"
-        )
-        found = formats.from_config(quant)
-        if found is not None:
-            return found
-    match = _NAME_FORMAT.search(name or "")
-    if match:
-        method = match.group(1).lower()
-        source = f"assumed from the model's name ({match.group(0)[1:]})"
-        return formats.Format(method, formats.prequantized_bytes(method, {}), True, source)
-    return None
+def quantization_config(ckpt: Checkpoint | None) -> dict[str, Any] | None:
+    """The checkpoint's ``quantization_config`` (the text model's, else the top level's)."""
+    if ckpt is None:
+        return None
+    quant = text_config(ckpt.config).get("quantization_config") or ckpt.config.get(
+        "quantization_config"
+    )
+    return quant if isinstance(quant, dict) else None
+
+
+def checkpoint_format(ckpt: Checkpoint | None) -> formats.Format | None:
+    """The format a checkpoint was quantized to ahead of time, from its own metadata
+    (config.json's ``quantization_config``, a GGUF header). Never from the model's name."""
+    return formats.from_config(quantization_config(ckpt))
 
 
 def weight_format(ckpt: Checkpoint | None, args: ServeArgs) -> formats.Format:
     """The checkpoint's own format, else ``-q``'s (converted while loading), else none."""
-    own = checkpoint_format(ckpt, args.model)
+    own = checkpoint_format(ckpt)
     if own is not None:
         return own
     given = (args.quantization or "").lower()
@@ -300,12 +297,10 @@ def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tupl
     return legacy, why
 
 
-def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[str, str]:
-    """The method the weights load with (the checkpoint's format, else ``-q``), and the
-    ``assumed:`` line where only the model's name said so."""
-    fmt = weight_format(ckpt, args)
-    assumed = fmt.source.startswith("assumed")
-    return fmt.method, (f"{fmt.method} checkpoint, {fmt.source}" if assumed else "")
+def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> str:
+    """The weights' format as doctor names it: the checkpoint's method and its parameters
+    (``gguf Q4_K_M``, ``awq 4-bit, group 128``), ``-q``'s, or none."""
+    return formats.label(weight_format(ckpt, args), quantization_config(ckpt))
 
 
 def _layout(args: ServeArgs) -> layout.Layout:

@@ -10,9 +10,10 @@ would run without the plugin unless the file says it is installed); ``--write-ho
 writes this machine's file. The command is doctor's own flags, or a whole ``vllm serve``
 line after ``--``.
 
-The model is a directory or a Hugging Face id, read from the local Hugging Face
-cache (never the network). Whatever doctor could not see or refused is said in the
-report; a checkpoint it cannot read at all exits 2 with one line saying why.
+The model is a directory, a GGUF file or a Hugging Face id: read from the local Hugging
+Face cache, else its metadata from the Hub by range request (never its weights). Whatever
+doctor could not see or refused is said in the report; a checkpoint it cannot read at all,
+or whose format and size nothing tells, exits 2 with one line saying why.
 
 One module a step: ``facts`` reads the host and the model (``hostfile`` and ``described``
 a machine in a file; a pasted command ``vllmline``, by the installed vLLM's parser and
@@ -78,7 +79,7 @@ def report_for(
         gpus=sections.gpu_section(measured),
         environment={k: measured.environ[k] for k in facts.RELEVANT_ENV if k in measured.environ},
         plugin=sections.plugin_section(measured),
-        model=sections.model_section(measured, outcome),
+        model=sections.model_section(measured, outcome, args),
         per_rank=sections.per_rank_section(outcome),
         total=sections.total_section(measured, outcome),
         verdict=outcome.verdict,

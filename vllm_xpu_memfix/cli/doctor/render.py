@@ -167,7 +167,7 @@ def _lines(report: Report, args: ServeArgs) -> list[str]:
             "Model",
             f"  {printable(model['model'])}: {model['shards']} shard(s) read, "
             f"{size(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
-            f"weights per rank {weights}",
+            f"quantization {printable(model['quantization'])}; weights per rank {weights}",
         ]
     lines += _serve_line_lines(report.serve_line)
     per_rank = report.per_rank
