@@ -269,11 +269,14 @@ def _message(exc: BaseException) -> str:
 
 def _refused(exc: BaseException) -> bool:
     """vLLM refusing the line (a ValueError of its checks), not a configuration it could
-    not reach: no file, no Hub, an import (huggingface_hub's offline errors are OSErrors,
-    some ValueErrors too)."""
+    not reach: no file, no Hub, an import (huggingface_hub's offline errors are OSErrors;
+    its repo-id check, reached offline for a path not on this machine, is a ValueError of
+    huggingface_hub's own)."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, (OSError, ImportError)):
+            return False
+        if type(seen).__module__.startswith("huggingface_hub"):
             return False
         seen = seen.__cause__ or seen.__context__
     return isinstance(exc, ValueError)
