@@ -32,7 +32,9 @@ Targets
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
     ``vllm.v1.engine.utils:wait_for_engine_startup`` (where the API server learns that the
     engine's start-up failed);
-    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (ready: prediction_check).
+    ``build_and_serve`` (ready: ``prediction_check``): in
+    ``vllm.entrypoints.launchers.api_server.entry`` from vLLM 0.29, in
+    ``vllm.entrypoints.openai.api_server`` in 0.26 to 0.28; each release has one.
 Switch
     ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto and on (the line), off (nothing judged or logged),
     refuse (on a certain "will run out of memory" or "will fail": one ERROR record naming
@@ -466,7 +468,7 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
     return (
         Patch(FIX.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config", after_config),
         Patch(FIX.key, "vllm.v1.engine.utils:wait_for_engine_startup", around_startup),
-        prediction_check.patch(FIX.key, settings),
+        *prediction_check.patches(FIX.key, settings),
     )
 
 
