@@ -203,3 +203,93 @@ def test_check_reports_the_last_device_quant_self_check(tmp_path, capsys, clean_
     assert "(pid" in line() and "host path kept: differs in 37 of 960" in line()
     (locks / int4_self_check.RECORD).write_text("{not json")
     assert "unreadable (JSONDecodeError)" in line()
+
+
+def matrix_rows(column: str) -> dict[tuple[str, str], str]:
+    """docs/compat.md's per-target table: (fix, target) -> the cell of ``column``."""
+    lines = (Path(__file__).parent.parent / "docs" / "compat.md").read_text().splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("| fix | target |")))
+    header = [cell.strip() for cell in lines[at].strip("|").split("|")]
+    rows: dict[tuple[str, str], str] = {}
+    for line in itertools.takewhile(lambda row: row.startswith("|"), lines[at + 2 :]):
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[(cells[0].strip("`"), cells[1].strip("`"))] = cells[header.index(column)]
+    return rows
+
+
+def test_the_compat_matrix_rows_are_check_s_targets_on_the_test_bed(vllm_root):
+    """The matrix (benchmarks/compat_matrix.py) was made with check's own scan: its test
+    bed column lists exactly the targets check lists here, with the same outcome."""
+    from vllm_xpu_memfix.cli import check
+
+    settings = config.load({})
+    own = {
+        f"{w}.{m}"
+        for w, m, kind in check.platform_overrides(vllm_root, settings)
+        if kind != overrides.INHERITS
+    }
+    found = check.targets(vllm_root, settings, own, lambda read: read())
+    rows = {key: cell for key, cell in matrix_rows("test bed").items() if cell != "-"}
+    assert set(rows) == {(t.fix, t.target) for t in found}
+    for target in found:
+        assert (rows[(target.fix, target.target)] == "✓") == (target.word == check.PRESENT)
+    assert {p.fix for p in fixes.all_patches()} <= {fix for fix, _ in rows}
+
+
+@pytest.mark.parametrize("release", ["0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.34.0"])
+def test_the_matrix_has_no_missing_target_on_a_claimed_release(release):
+    """What check --strict counts (a MISSING cell) is on no release the README claims;
+    make upstream-check runs check --strict on 0.26.0's and 0.34.0's own source."""
+    rows = matrix_rows(release)
+    assert rows and not [key for key, cell in rows.items() if cell.startswith("MISSING")]
+    ready = [cell for (fix, target), cell in rows.items() if target.endswith(":build_and_serve")]
+    assert "✓" in ready
+
+
+READY_RECORD = Path(__file__).parent / "data" / "ready_hook.json"
+RELEASE_CACHE = Path(__file__).parent.parent / ".cache" / "upstream"  # make upstream-check's
+
+
+def test_the_0_26_ready_hook_is_where_0_26_0_defines_and_calls_build_and_serve():
+    """Recorded from the 0.26.0 to 0.28.0 wheels (tests/data/ready_hook.json): the module
+    and function the older of the two ready targets names; the newer one's package is not
+    in 0.26.0."""
+    import json
+
+    from vllm_xpu_memfix.startup import prediction_check
+
+    newer, older = prediction_check.READY_TARGETS
+    record = json.loads(READY_RECORD.read_text())["releases"]
+    module, _, function = older.partition(":")
+    for release in ("0.26.0", "0.27.0", "0.27.1", "0.28.0"):
+        assert record[release]["file"] == module.replace(".", "/") + ".py"
+        assert record[release]["defined"]["text"] == f"async def {function}("
+        assert f"await {function}(" in record[release]["called"]["text"]
+    first = record["0.26.0"]
+    assert first["engine_client"]["line"] < first["called"]["line"]
+    assert first["absent"].startswith("/".join(newer.split(".")[:3]) + "/")
+
+
+@pytest.mark.skipif(
+    not (RELEASE_CACHE / "vllm-0.26.0" / ".complete").is_file(),
+    reason="vLLM 0.26.0's source is fetched by make upstream-check (.cache/upstream)",
+)
+def test_the_0_26_ready_hook_in_0_26_0_s_own_source():
+    """The wheel make upstream-check fetched is the one recorded, and its source has the
+    older ready target, not the newer."""
+    import hashlib
+    import json
+
+    from vllm_xpu_memfix.startup import prediction_check
+
+    root = RELEASE_CACHE / "vllm-0.26.0"
+    first = json.loads(READY_RECORD.read_text())["releases"]["0.26.0"]
+    assert first["wheel_sha256"] in (root / ".complete").read_text()
+    source = (root / first["file"]).read_bytes()
+    assert hashlib.sha256(source).hexdigest() == first["file_sha256"]
+    lines = source.decode().splitlines()
+    for key in ("defined", "engine_client", "called"):
+        assert lines[first[key]["line"] - 1] == first[key]["text"]
+    newer, older = prediction_check.READY_TARGETS
+    assert compat.target_status(root, older) == compat.PRESENT
+    assert compat.target_status(root, newer).startswith("missing: module")

@@ -33,6 +33,13 @@ class Target:
     detail: str  # what the source shows where the word is not PRESENT
 
 
+def platform_overrides(root: Path, settings: config.Settings) -> list[tuple[str, str, str]]:
+    """(worker, method, kind) for each patched ``Worker`` method per platform worker of
+    the tree under ``root`` (``overrides.scan``); raises :class:`compat.Unreadable`."""
+    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
+    return overrides.scan(methods, partial(compat.module_source, root))
+
+
 def targets(
     root: Path,
     settings: config.Settings,
@@ -103,9 +110,8 @@ def main(args: argparse.Namespace) -> int:
             unreadable[exc.path] = exc.reason
             return "unreadable (see below)"
 
-    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
     try:
-        workers = overrides.scan(methods, partial(compat.module_source, root))
+        workers = platform_overrides(root, settings)
     except compat.Unreadable as exc:
         unreadable[exc.path] = exc.reason
         workers = []
