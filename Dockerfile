@@ -7,7 +7,7 @@
 #   docker run -d --name llm --device /dev/dri --shm-size 32g -p 8000:8000 \
 #     -v memfix-ledger:/ledger -e VLLM_XPU_MEMFIX_LEDGER_DIR=/ledger vllm-memfix MODEL -tp 2
 # --device /dev/dri: the GPUs; --shm-size: vLLM's workers share tensors through /dev/shm
-# (Docker gives 64 MB); the volume keeps the ledger (docs/ledger.md) for `report`.
+# (larger than Docker's default); the volume keeps the ledger (docs/ledger.md) for `report`.
 # The plugin's own commands need --entrypoint (else they become `vllm serve`'s arguments),
 # or docker exec in the running container; they read files, so no oneAPI environment:
 #   docker run --rm --device /dev/dri --entrypoint vllm-xpu-memfix vllm-memfix check

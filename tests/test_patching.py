@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix.core.patching import Patch, Patcher, State
+from vllm_xpu_memfix.core.patching import Patch, Patcher, State, vllm_version
 
 SOURCE = textwrap.dedent(
     """
@@ -200,7 +200,7 @@ def test_a_patch_whose_module_is_not_in_its_package_says_so_once_at_install(
     said = [r.getMessage() for r in caplog.records if "will not be patched" in r.getMessage()]
     assert said == [
         f"vllm-xpu-memfix: fix demo: {name}.gone.entry:f will not be patched: module "
-        f"{name}.gone.entry is not in vLLM unknown"
+        f"{name}.gone.entry is not in vLLM {vllm_version()}"
     ]
     assert f"{name}.sub" not in sys.modules and f"{name}.sub.here" not in sys.modules
     assert patcher.state(absent.key) == (State.WAITING, said[0].rsplit(": ", 1)[1])

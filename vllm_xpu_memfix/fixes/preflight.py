@@ -32,9 +32,9 @@ Targets
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
     ``vllm.v1.engine.utils:wait_for_engine_startup`` (where the API server learns that the
     engine's start-up failed);
-    ``build_and_serve`` (ready: ``prediction_check``): in
-    ``vllm.entrypoints.launchers.api_server.entry`` from vLLM 0.29, in
-    ``vllm.entrypoints.openai.api_server`` in 0.26 to 0.28; each release has one.
+    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (from vLLM 0.29) and
+    ``vllm.entrypoints.openai.api_server:build_and_serve`` (0.26 to 0.28, a re-export
+    after): the ready point, ``prediction_check``; each release has one, which serves.
 Switch
     ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto and on (the line), off (nothing judged or logged),
     refuse (on a certain "will run out of memory" or "will fail": one ERROR record naming
