@@ -432,6 +432,13 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         "worker / process start | RssAnon",
         "instance at ready less its KV cache",
     ],
+    "doctor's assumptions 1": [
+        "doctor, vLLM's parser | median s",
+        "import vllm.engine.arg_utils | median s",
+        "doctor, its own parser | median s",
+        "doctor, vLLM's parser | median peak",
+        "doctor, its own parser | median peak",
+    ],
 }
 
 

@@ -21,6 +21,7 @@ from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.numbers import ConfigError
 from vllm_xpu_memfix.core.patching import Patcher, State
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.fixes import preflight
 
 LINE = "vllm-xpu-memfix preflight:"
@@ -249,7 +250,8 @@ def _oom_scene(tmp_path: Path, rows: list[dict[str, object]], extra: str = "") -
     settings = config.load(
         {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger)}
     )
-    text = "".join(json.dumps(r) + "\n" for r in rows) + extra
+    # Rows of this start-up: those of another carry another identity (test_start_identity).
+    text = "".join(json.dumps({"start": start_identity(), **r}) + "\n" for r in rows) + extra
     (ledger / "ledger-h-7.jsonl").write_text(text)
     judged = preflight.Judgement("", "at risk", "driver_host_copy", 2, started=100.0)
     return host, ledger, settings, judged

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.own_parser import own_parser
 from hosts import A770, B70, build_host, qwen_27b_like
 
 from vllm_xpu_memfix.cli import main
@@ -48,7 +49,7 @@ CONFIG = {  # tests/hosts.qwen_27b_like's sizes, so the sampler burst is counted
 
 def _run(argv: list[str]) -> str:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), own_parser():
         assert main(argv) == 0, argv
     return out.getvalue()
 

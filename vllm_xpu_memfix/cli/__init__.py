@@ -163,7 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         "host memory and the last start-up the ledger recorded. Secret values, home "
         "directories and the host name (unless --hostname) are redacted.",
     )
-    report.add_argument("--ledger", help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR)")
+    report.add_argument(
+        "--ledger",
+        help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR, else the plugin's "
+        "default under ~/.cache)",
+    )
+    report.add_argument(
+        "--start", type=int, help="show start-up N of the ledger (1 = oldest; default: the last)"
+    )
     report.add_argument("--hostname", action="store_true", help="show this host's name")
     plot = sub.add_parser(
         "plot",

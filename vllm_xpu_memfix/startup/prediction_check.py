@@ -2,13 +2,15 @@
 
 The preflight (``fixes/preflight``) hands its verdict here (:func:`keep`): each phase's need
 from the verdict's JSON (the XPU start-up model's phases, or the CPU backend's weights and
-KV cache); with ``VLLM_XPU_MEMFIX_LEDGER_DIR`` set it is also a ``preflight`` ledger row.
+KV cache); unless ``VLLM_XPU_MEMFIX_LEDGER_DIR`` is ``off``, it is also a ``preflight`` ledger
+row.
 When the API server has its engine (``build_and_serve``, called by ``run_server_worker``
 once ``build_async_engine_client`` has started the engine: weights loaded, KV cache
 allocated, warm-up done; before the HTTP server listens), one INFO line puts the predicted host need
 (the largest phase's) beside the host memory measured then: the vLLM tree's anonymous +
 shmem PSS plus the rise of the memory GPU drivers hold (``GPUActive``) since the preflight,
-as a ratio; and the device where the workers' ledger rows read it (DRM ``drm-total-vram``).
+as a ratio; and the device where this start-up's worker rows read it (DRM
+``drm-total-vram``; rows carry their start-up, ``core.process.start_identity``).
 The API server's ``ready`` ledger row keeps the figures; ``vllm-xpu-memfix report`` shows
 them. Measured at ready, not over the start: a transient peak while loading is not in it.
 """
@@ -23,6 +25,7 @@ from typing import Any
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.core.units import GiB, MiB
 from vllm_xpu_memfix.memory import ledger_files
 
@@ -123,15 +126,16 @@ def _rounded(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
-def workers_vram(directory: Path | None, since: float) -> int | None:
-    """The largest device memory one process of this start held (DRM ``drm-total-vram`` of
-    the ledger rows since ``since``); None where no row reads it."""
+def workers_vram(directory: Path | None, start: str) -> int | None:
+    """The largest device memory one process of start-up ``start`` held (DRM
+    ``drm-total-vram`` of its ledger rows: another server's sharing the directory are not
+    this one's); None where no row reads it."""
     if directory is None:
         return None
     largest = None
     for row in ledger_files.read(directory, LEDGER_CAP).rows:
         vram = row.get("drm_total_vram")
-        if isinstance(vram, int) and (row.get("ts") or 0) >= since:
+        if isinstance(vram, int) and row.get("start") == start:
             largest = max(largest or 0, vram)
     return largest
 
@@ -151,7 +155,7 @@ def at_ready(settings: Settings, prediction: Prediction) -> str:
     if now is not None and prediction.gpu_active is not None:
         held = max(0, now - prediction.gpu_active)
     measured = None if tree is None else tree + (held or 0)
-    vram = workers_vram(settings.ledger_dir, prediction.started)
+    vram = workers_vram(settings.ledger_dir, start_identity())
     host = f"host: predicted {prediction.host_bytes / GiB:,.2f} GiB"
     if measured is None:
         host += ", measured n/a (the vLLM tree's PSS could not be read)"

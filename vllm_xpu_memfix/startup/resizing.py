@@ -15,12 +15,14 @@ BLOCK = 16  # a --max-model-len remedy is rounded down to vLLM's KV block
 
 
 def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
-    """``inp`` at another TP size: each rank a share of the weights and KV heads."""
+    """``inp`` at another TP size: each rank a share of the weights and KV heads; a TP vLLM
+    has not checked, so the model's own rules judge it."""
     per_token = inp.kv_bytes_per_token
     ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
     return replace(
         inp,
         tp=tp,
+        config_checked=False,
         ranks_here=ranks,
         kv_bytes_per_token=None if per_token is None else per_token * inp.tp / tp,
         gpus_in_context=max(ranks, inp.gpus_in_context),

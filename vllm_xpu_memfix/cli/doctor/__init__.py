@@ -15,7 +15,8 @@ cache (never the network). Whatever doctor could not see or refused is said in t
 report; a checkpoint it cannot read at all exits 2 with one line saying why.
 
 One module a step: ``facts`` reads the host and the model (``hostfile`` and ``described``
-a machine in a file, ``serveline`` a pasted command); the start-up model
+a machine in a file; a pasted command ``vllmline``, by the installed vLLM's parser and
+configuration, else ``serveline``, doctor's own); the start-up model
 (``vllm_xpu_memfix.startup``: ``sizing`` makes its inputs, ``phases`` judges, ``remedies``
 re-runs it with each remedy) gives one outcome; ``advice`` says what could not be seen,
 ``sections`` and ``render`` give the report; this module wires them to the command line.
@@ -37,6 +38,7 @@ from vllm_xpu_memfix.cli.doctor import (
     render,
     sections,
     serveline,
+    vllmline,
 )
 from vllm_xpu_memfix.core import config, files
 from vllm_xpu_memfix.fixes import driver_env
@@ -50,9 +52,26 @@ def outcome_for(measured: facts.Measurement, args: ServeArgs) -> phases.Outcome:
     return phases.run(sizing.inputs_for(measured.machine(), args, measured.ckpt))
 
 
-def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
+def _accepted(
+    measured: facts.Measurement, reading: vllmline.Reading | None
+) -> tuple[tuple[str, str, str, phases.Inputs], ...]:
+    """The changes of a refused line that vLLM accepts, as the model's inputs."""
+    if reading is None:
+        return ()
+    machine = measured.machine()
+    return tuple(
+        (fix.code, fix.what, fix.cost, sizing.inputs_for(machine, fix.args, measured.ckpt))
+        for fix in reading.fixes
+    )
+
+
+def report_for(
+    measured: facts.Measurement, args: ServeArgs, reading: vllmline.Reading | None = None
+) -> render.Report:
     outcome = outcome_for(measured, args)
-    context = remedies.Context(measured.guard.user_set, measured.room, measured.image)
+    context = remedies.Context(
+        measured.guard.user_set, measured.room, measured.image, _accepted(measured, reading)
+    )
     judged = remedies.remedies(outcome, context)
     return render.Report(
         host=sections.host_section(measured.snap, measured.room),
@@ -77,11 +96,14 @@ def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
         assumed=sections.assumed_section(measured, args, outcome),
         not_modelled=list(args.not_modelled),
         driver_guard_lines=driver_env.summary_lines(measured.guard),
+        serve_line=None if reading is None else reading.as_dict(),
     )
 
 
-def _serve_args(args: argparse.Namespace) -> ServeArgs:
-    """doctor's own flags, then the pasted serve line; a value given in both must agree."""
+def _serve_args(args: argparse.Namespace, described: str | None = None) -> vllmline.Reading:
+    """doctor's own flags, then the pasted serve line (read by the installed vLLM's parser
+    unless none is installed or the machine described runs another version: ``described``);
+    a value given in both must agree."""
     option = getattr(args, "model_option", None)
     if args.model and option and args.model != option:
         raise serveline.ServeLineError(
@@ -90,16 +112,17 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
     given = {"model": args.model or option or None}
     given.update({name: getattr(args, name, None) for name in serveline.FIELDS})
     own = {name: value for name, value in given.items() if value is not None and name != "model"}
-    base = ServeArgs(
-        **serveline.fitted(own),
-        model=given["model"],
-        device_memory_gib=args.device_memory_gib,
-        params=args.params,
-    )
+    doctors = {"device_memory_gib": args.device_memory_gib, "params": args.params}
+    base = ServeArgs(**serveline.fitted(own), model=given["model"], **doctors)
     line = getattr(args, "serve_line", None)
     if line is None:
-        return base
-    parsed = serveline.parse(line, replace(base, model=None))
+        return vllmline.Reading(base, "doctor's own flags")
+    version = vllmline.reader_for(described)
+    if version is not None:
+        reading = vllmline.read(line, {**own, "model": given["model"]}, version)
+        fixes = tuple(replace(fix, args=replace(fix.args, **doctors)) for fix in reading.fixes)
+        return replace(reading, args=replace(reading.args, **doctors), fixes=fixes)
+    parsed, ignored = serveline.read(line, replace(base, model=None))
     fitted = parsed.max_model_len_fitted and given.get("max_model_len") == serveline.FITTED
     for name, value in given.items():
         if name == "max_model_len" and fitted:
@@ -109,7 +132,7 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
                 f"{name} is {value!r} in doctor's flags but {getattr(parsed, name)!r} in the "
                 "serve line; give it in one place"
             )
-    return parsed
+    return vllmline.Reading(parsed, vllmline.own_parser(described), ignored)
 
 
 def _one_line(message: str) -> str:
@@ -129,17 +152,18 @@ def _write_host(args: argparse.Namespace, text: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        serve = _serve_args(args)
-        if args.host:
-            if args.write_host:
-                raise hostfile.HostFileError("--write-host writes this machine: drop --host")
-            machine = hostfile.load(args.host)
+        if args.host and args.write_host:
+            raise hostfile.HostFileError("--write-host writes this machine: drop --host")
+        machine = hostfile.load(args.host) if args.host else None
+        reading = _serve_args(args, vllmline.described_version(machine))
+        serve = reading.args
+        if machine is not None:
             measured = described.measurement(machine, serve)
         else:
             measured = facts.measure(config.load(), serve, os.environ)
         if args.write_host:
             _write_host(args, described.write_host(measured))
-        report = report_for(measured, serve)
+        report = report_for(measured, serve, reading if getattr(args, "serve_line", None) else None)
     except (CheckpointError, hostfile.HostFileError, serveline.ServeLineError) as exc:
         # One line, whatever a hostile file name holds.
         print(f"doctor: {_one_line(str(exc))}", file=sys.stderr)
