@@ -39,6 +39,11 @@ symlinked), every patch is applied in order with ``git apply``, and then:
   fails the check. vLLM's own ``tests/conftest.py`` is left out (it needs vLLM's test
   requirements); none of these tests uses its fixtures.
 
+Then ``vllm-xpu-memfix check --strict`` (this checkout's) runs on the source of each
+release in ``STRICT_CHECK``, the ends of the range the README claims (fetched the same
+way; docs/compat.md has every release between): a target a release lacks fails it
+unless the fix does without it.
+
 Prints one line per patch and one for vLLM's tests; exits 1 naming every patch that
 did not apply, reads a missing attribute, or whose tests failed, and every vLLM test
 the series breaks. ``--vllm-src DIR`` checks one source tree (a
@@ -72,6 +77,7 @@ CACHE = ROOT / ".cache" / "upstream"
 TESTBED_CONFTEST = Path(__file__).resolve().parent / "upstream_testbed_conftest.py"
 NEWEST = "0.34.0"  # vLLM's newest release on the package index: the series' target
 RELEASES = ("installed", NEWEST)
+STRICT_CHECK = ("0.26.0", NEWEST)  # the README's "vLLM 0.26 to 0.34": Intel's images run 0.26
 KEPT_FROM_WHEEL = (".py", ".json", ".jinja", "py.typed")  # what vLLM's Python reads
 ADDED_TEST = re.compile(r"^\+\+\+ b/(tests/\S+\.py)$", re.MULTILINE)
 VERSION = re.compile(r"""^(?:__version__\s*=\s*)?version\s*=\s*['"]([^'"]+)['"]""", re.M)
@@ -580,6 +586,24 @@ def check_release(
     return f"vLLM {release} (its wheel's Python, {source})", outcomes
 
 
+def strict_check(version: str, cache: Path) -> tuple[str, bool]:
+    """``check --strict`` of this checkout on release ``version``'s source: its summary
+    line (every line it printed where it failed), and whether it passed."""
+    source = fetch_release(version, cache)
+    command = [sys.executable, "-m", "vllm_xpu_memfix.cli", "check", "--source", str(source)]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [*command, "--strict"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path, "VLLM_XPU_MEMFIX": "1"},
+    )
+    said = next((x for x in done.stdout.splitlines() if x.startswith("targets: ")), "")
+    passed = done.returncode == 0
+    line = f"check --strict on vLLM {version}: {'passed' if passed else 'FAILED'}; {said}"
+    return (line if passed else f"{line}\n{done.stdout}{done.stderr}"), passed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patches", type=Path, default=PATCHES)
@@ -613,12 +637,22 @@ def main(argv: list[str] | None = None) -> int:
             if not outcome.ok:
                 print(f"--- {outcome.patch}:\n{outcome.detail}", file=sys.stderr)
                 failed.append(f"{outcome.patch} on {label.split(' (')[0]}")
+    for version in [] if args.vllm_src or args.release else STRICT_CHECK:
+        line, passed = strict_check(version, args.cache)
+        print(line, flush=True)
+        if not passed:
+            failed.append(f"check --strict on vLLM {version}")
     if failed:
         print(f"upstream-check: FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
     print(
         "upstream-check: every patch applies, reads only what exists and passes its tests;"
         " vLLM's own tests pass as before"
+        + (
+            ""
+            if args.vllm_src or args.release
+            else f"; check --strict passes on {', '.join(STRICT_CHECK)}"
+        )
     )
     return 0
 

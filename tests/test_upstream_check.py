@@ -304,3 +304,16 @@ def test_vllm_tests_come_from_the_release_sdist_once(tmp_path, monkeypatch):
     assert "vllm==9.9.9" in calls[0] and "orjson" in calls[1]
     assert upstream_check.fetch_vllm_tests("9.9.9", tmp_path / "cache") == kept
     assert len(calls) == 2  # the second run is offline
+
+
+def test_check_strict_runs_on_each_claimed_release_and_names_a_failure(tmp_path, monkeypatch):
+    """A release whose source lacks the fixes' targets fails the check, with check's own
+    lines; the releases are the ends of the README's range."""
+    (tmp_path / "vllm").mkdir()
+    monkeypatch.setattr(upstream_check, "fetch_release", lambda version, cache: tmp_path)
+    line, passed = upstream_check.strict_check("0.26.0", tmp_path / "cache")
+    assert not passed
+    assert line.startswith("check --strict on vLLM 0.26.0: FAILED; targets: ")
+    assert line.splitlines()[0].endswith(" missing")
+    assert "missing  vllm.v1.worker.gpu_worker:Worker.load_model" in line
+    assert upstream_check.STRICT_CHECK == ("0.26.0", upstream_check.NEWEST)

@@ -34,7 +34,9 @@ Targets
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
     ``vllm.v1.engine.utils:wait_for_engine_startup`` (where the API server learns that the
     engine's start-up failed);
-    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (ready: prediction_check).
+    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (from vLLM 0.29) and
+    ``vllm.entrypoints.openai.api_server:build_and_serve`` (0.26 to 0.28, a re-export
+    after): the ready point, ``prediction_check``; each release has one, which serves.
 Switch
     ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto and on (the line), off (nothing judged or logged),
     refuse (on a certain "will run out of memory" or "will fail": one ERROR record naming
@@ -477,7 +479,7 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
     return (
         Patch(FIX.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config", after_config),
         Patch(FIX.key, "vllm.v1.engine.utils:wait_for_engine_startup", around_startup),
-        prediction_check.patch(FIX.key, settings),
+        *prediction_check.patches(FIX.key, settings),
     )
 
 

@@ -29,7 +29,9 @@ Targets
     ``vllm.model_executor.warmup.kernel_warmup:qwen_vl_triton_warmup``,
     ``vllm.model_executor.warmup.kernel_warmup:mamba_triton_warmup`` (module
     attributes, imported from their own modules), which step aside while the
-    section's slot is held.
+    section's slot is held. The elastic EP binding (from 0.27) and the last two
+    warm-ups (0.30 to 0.33; 0.34 has no ``mamba_triton_warmup``) are optional: a
+    release without them has nothing there to serialise.
 Switch
     ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto: on, except where the rank compiles into
     its own Triton cache, i.e. vLLM's compiled mode: measured, waiting then saves
@@ -71,6 +73,8 @@ MODULE = "vllm.model_executor.warmup.kernel_warmup"
 # Process-local JIT warm-ups only: no collective runs inside any of them. The fallback
 # where kernel_warmup has no process_local_only section (vLLM 0.26).
 ALLOWED = ("qwen_triton_warmup", "qwen_vl_triton_warmup", "mamba_triton_warmup")
+# Not in every release (docs/compat.md): both came in 0.30; 0.34 dropped mamba_triton_warmup.
+SOME_RELEASES = ("qwen_vl_triton_warmup", "mamba_triton_warmup")
 # Where kernel_warmup is called from: the worker's warm-up, and elastic EP's new workers.
 SECTION_TARGETS = (
     "vllm.v1.worker.gpu_worker:kernel_warmup",
@@ -226,7 +230,10 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
 
     return (
         *(Patch(FIX.key, target, whole_section, optional=True) for target in SECTION_TARGETS),
-        *(Patch(FIX.key, f"{MODULE}:{name}", one_warm_up(name)) for name in ALLOWED),
+        *(
+            Patch(FIX.key, f"{MODULE}:{name}", one_warm_up(name), optional=name in SOME_RELEASES)
+            for name in ALLOWED
+        ),
     )
 
 

@@ -4,10 +4,9 @@ The preflight (``fixes/preflight``) hands its verdict here (:func:`keep`): each 
 from the verdict's JSON (the XPU start-up model's phases, or the CPU backend's weights and
 KV cache); unless ``VLLM_XPU_MEMFIX_LEDGER_DIR`` is ``off``, it is also a ``preflight`` ledger
 row.
-When the API server has its engine (vLLM 0.32: ``build_and_serve`` in
-``vllm/entrypoints/launchers/api_server/entry.py``, called by ``run_server_worker`` once
-``build_async_engine_client`` has started the engine: weights loaded, KV cache allocated,
-warm-up done; before the HTTP server listens), one INFO line puts the predicted host need
+When the API server has its engine (``build_and_serve``, called by ``run_server_worker``
+once ``build_async_engine_client`` has started the engine: weights loaded, KV cache
+allocated, warm-up done; before the HTTP server listens), one INFO line puts the predicted host need
 (the largest phase's) beside the host memory measured then: the vLLM tree's anonymous +
 shmem PSS plus the rise of the memory GPU drivers hold (``GPUActive``) since the preflight,
 as a ratio; and the device where this start-up's worker rows read it (DRM
@@ -34,8 +33,14 @@ logger = get_logger("prediction_check")
 
 PREDICTED = "preflight"
 READY = "ready"
-# vLLM 0.32: the API server calls it once, when its engine is up, before it serves.
-READY_TARGET = "vllm.entrypoints.launchers.api_server.entry:build_and_serve"
+# The API server calls build_and_serve once, when its engine is up, before it serves. It is
+# defined in vllm/entrypoints/openai/api_server.py in 0.26.0 to 0.28.0 and in
+# vllm/entrypoints/launchers/api_server/entry.py from 0.29.0 (the old module re-exports it
+# there); read in each release's wheel (docs/compat.md, tests/data/ready_hook.json).
+READY_TARGETS = (
+    "vllm.entrypoints.launchers.api_server.entry:build_and_serve",
+    "vllm.entrypoints.openai.api_server:build_and_serve",
+)
 # Ledger rows read back for the device figure: a start's few workers write a few KiB each.
 LEDGER_CAP = 4 * MiB
 
@@ -99,18 +104,22 @@ def _predicted(settings: Settings, verdict: Any, line: str) -> Prediction:
     return prediction
 
 
-def patch(fix: str, settings: Settings) -> Patch:
-    """The ready point's patch: the line, once, before vLLM serves."""
+def patches(fix: str, settings: Settings) -> tuple[Patch, ...]:
+    """The ready point's patches, one per place a release line has it: the line, once per
+    prediction, before vLLM serves."""
 
     def at_ready_hook(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         if _KEPT:
             try:
-                logger.info("%s", at_ready(settings, _KEPT[0]))
+                logger.info("%s", at_ready(settings, _KEPT.pop()))
             except Exception as exc:  # never into vLLM
                 logger.debug("vllm-xpu-memfix: no ready line (internal error: %r)", exc)
         return wrapped(*args, **kwargs)
 
-    return Patch(fix, READY_TARGET, at_ready_hook, once=True, optional=True)
+    return tuple(
+        Patch(fix, target, at_ready_hook, once=True, optional=True, group=READY)
+        for target in READY_TARGETS
+    )
 
 
 def _rounded(value: float | None) -> int | None:
