@@ -250,6 +250,7 @@ def judge_xpu(
         essential.append(f"not certain: {listed(uncertain, 100)}")
     details_json = {
         "platform": "xpu",
+        "host_includes": "the processes (assumed), staging, the driver's host copy",
         "verdict": outcome.verdict,
         "fails_at": outcome.fails_at,
         "why": outcome.why,
@@ -281,7 +282,7 @@ def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) 
     room = host_room(settings.sysroot)
     workers = int(getattr(vllm_config.parallel_config, "world_size", 1) or 1)
     kv = float(args.kv_cache_memory_bytes or 0) * workers
-    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room)
+    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room, workers)
     if outcome is None:
         line = "NOT JUDGED on vLLM's CPU backend: host room unreadable"
         json_ = {"platform": "cpu", "room": None}
