@@ -31,6 +31,7 @@ from pathlib import Path
 
 from vllm_xpu_memfix.cli.doctor import (
     advice,
+    choices,
     described,
     facts,
     hostfile,
@@ -40,6 +41,7 @@ from vllm_xpu_memfix.cli.doctor import (
 )
 from vllm_xpu_memfix.core import config, files
 from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -89,6 +91,12 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
         )
     given = {"model": args.model or option or None}
     given.update({name: getattr(args, name, None) for name in serveline.FIELDS})
+    quantization = given.get("quantization")
+    if quantization is not None:
+        try:
+            serveline.value_of("quantization", str(quantization))
+        except ValueError as exc:
+            raise serveline.ServeLineError(f"-q/--quantization {exc}") from None
     own = {name: value for name, value in given.items() if value is not None and name != "model"}
     base = ServeArgs(
         **serveline.fitted(own),
@@ -127,19 +135,28 @@ def _write_host(args: argparse.Namespace, text: str) -> None:
     print(f"doctor: wrote {path}", file=sys.stderr)
 
 
+def _described_vllm(args: argparse.Namespace, machine: hostfile.Described | None) -> str | None:
+    """The vLLM release judged for: ``--image``'s or the host file's image's."""
+    image = getattr(args, "image", None)
+    if image and catalog.image_named(image) is None:
+        raise serveline.ServeLineError(f"--image: {catalog.not_in_table(image)}")
+    return choices.described_vllm_version(image, machine.image if machine else None)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
-        serve = _serve_args(args)
-        if args.host:
+        if args.host and args.write_host:
+            raise hostfile.HostFileError("--write-host writes this machine: drop --host")
+        machine = hostfile.load(args.host) if args.host else None
+        with choices.judged_for(_described_vllm(args, machine)):
+            serve = _serve_args(args)
+            if machine is not None:
+                measured = described.measurement(machine, serve)
+            else:
+                measured = facts.measure(config.load(), serve, os.environ)
             if args.write_host:
-                raise hostfile.HostFileError("--write-host writes this machine: drop --host")
-            machine = hostfile.load(args.host)
-            measured = described.measurement(machine, serve)
-        else:
-            measured = facts.measure(config.load(), serve, os.environ)
-        if args.write_host:
-            _write_host(args, described.write_host(measured))
-        report = report_for(measured, serve)
+                _write_host(args, described.write_host(measured))
+            report = report_for(measured, serve)
     except (CheckpointError, hostfile.HostFileError, serveline.ServeLineError) as exc:
         # One line, whatever a hostile file name holds.
         print(f"doctor: {_one_line(str(exc))}", file=sys.stderr)

@@ -132,8 +132,9 @@ def causes_section(outcome: phases.Outcome) -> list[dict[str, object]]:
 def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outcome) -> list[str]:
     """What doctor took where it was not told."""
     assumed = list(measured.assumed)
+    assumed += choices.other_vllm_notes(args.not_modelled)
     if args.quantization and choices.quantization_names() is None:
-        assumed.append(choices.QUANTIZATION_NOT_CHECKED.format(name=args.quantization))
+        assumed.append(choices.not_checked(args.quantization))
     from_name = sizing.quantization(measured.ckpt, args)[1]
     if from_name:
         assumed.append(from_name)
