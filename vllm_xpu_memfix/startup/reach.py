@@ -15,6 +15,7 @@ graph capture at the KV cache phase, and every attention layer as full attention
 
 from __future__ import annotations
 
+from vllm_xpu_memfix.startup import domain
 from vllm_xpu_memfix.startup.codes import PHASES
 
 RAISE = "raise"
@@ -126,15 +127,9 @@ _GROUPS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "every",
-        """model_weights hf_config_path load_format prefill_context_parallel_size
-        decode_context_parallel_size data_parallel_rank data_parallel_start_rank
-        data_parallel_external_lb data_parallel_backend offload_backend cpu_offload_params
-        offload_group_size offload_num_in_group offload_prefetch_step offload_params revision
-        hf_overrides quantization_config mm_tensor_ipc model_loader_extra_config worker_cls
-        worker_extension_cls kv_transfer_config ec_transfer_config ec_manager_config
-        enable_sleep_mode sleep_mode_offload_cudagraph sleep_preserve_parameter_names
-        additional_config pt_load_map_location weight_transfer_config sleep_mode_backend""",
-        "another checkpoint, config, loader, placement, offload or worker: any phase, either way",
+        " ".join(name for name, kind in domain.DOMAIN.items() if kind == domain.BOTH),
+        "every field that changes both sides: another checkpoint, config, loader, placement, "
+        "offload or worker (domain's host-and-device class): any phase, either way",
     ),
 )
 
