@@ -169,9 +169,13 @@ def test_without_vllm_doctor_says_it_used_its_own_parser(models):
     assert report["main_cause"] != codes.VLLM_REFUSES  # doctor's own rules know no such check
 
 
-def test_a_line_judged_for_another_vllm_is_read_by_doctors_own_parser(models, monkeypatch):
-    monkeypatch.setattr(vllmline, "described_version", lambda _machine: "0.26.0")
-    report = doctor(str(models["qwen3-32b"]), "-tp", "5")
+def test_a_line_judged_for_another_vllm_is_read_by_doctors_own_parser(models):
+    out = io.StringIO()
+    flags = ["--device-memory-gib", "32", "--params", "32B", "--json", "--image", "0.26.0-b2"]
+    with contextlib.redirect_stdout(out):
+        assert main(["doctor", *flags, "--", "vllm", "serve", str(models["qwen3-32b"]),
+                     "-tp", "5"]) == 0  # fmt: skip
+    report = json.loads(out.getvalue())
     assert "judged for vLLM 0.26.0" in report["serve_line"]["parser"]
     assert report["main_cause"] == codes.VLLM_REFUSES  # doctor's own heads rule
     assert "vllm/config/model.py" in report["why"]

@@ -427,6 +427,7 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         "sparse 27B BF16, TP 8, sysroot: 1,000x | added",
         f"{SPARSE}: 1x B70, 64 MiB dpkg status | added",
     ],
+    "preflight 1": ["TINY | ratio", "SMALL | ratio", "ONE_B | ratio"],
     "doctor's assumptions 0": [
         "worker at start | RSS",
         "worker / process start | RssAnon",

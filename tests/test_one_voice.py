@@ -120,6 +120,9 @@ CORPUS = {
     "a flag not modelled, one B70": Case(
         ("--enforce-eager",), {"enforce_eager": True}, Machine((B70,))
     ),
+    "a flag that could lower the load, one B70": Case(
+        ("--disable-custom-all-reduce",), {"disable_custom_all_reduce": True}, Machine((B70,))
+    ),
     "iGPU first in PCI order, one B60": Case((), {}, Machine((B60,), 24, igpu=True)),
     "iGPU beside a B60, TP 2": Case(
         ("-tp", "2"), {"tensor_parallel_size": 2}, Machine((B60,), 24, igpu=True)

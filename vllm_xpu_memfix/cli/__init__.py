@@ -107,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor",
         help="predict whether a serve command fits, phase by phase, and why not",
-        usage="vllm-xpu-memfix doctor [--host FILE] [--write-host FILE [--force]] [--params N]\n"
-        "       [--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
+        usage="vllm-xpu-memfix doctor [--host FILE] [--image TAG] [--write-host FILE [--force]]\n"
+        "       [--params N] [--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
         description="Takes the arguments of `vllm serve` that matter for memory, or the whole "
         "serve line after --. Judges this machine, or one described in a TOML file (--host). "
         "Reads files only: never loads the model or starts the driver.",
@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         type=_path("--write-host"),
         help="write this machine's host file (--host on it gives the same answer)",
+    )
+    doctor.add_argument(
+        "--image",
+        metavar="TAG",
+        help="judge for the vLLM of this Intel llm-scaler image (intel/llm-scaler-vllm:TAG "
+        "or TAG): -q is checked against that vLLM's methods",
     )
     doctor.add_argument(
         "--force",
@@ -260,8 +266,10 @@ def _serve_flags(doctor: argparse.ArgumentParser) -> None:
         kind = serveline.MODELLED[flags[0]][1]
 
         def parse(text: str, kind: str = kind) -> Any:
+            # -q is checked in doctor.main, against the vLLM it judges for (--image, --host).
+            checked = "text" if kind == "quantization" else kind
             try:
-                return serveline.value_of(kind, text)
+                return serveline.value_of(checked, text)
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
 

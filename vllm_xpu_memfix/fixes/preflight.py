@@ -263,6 +263,7 @@ def judge_xpu(
         essential.append(f"not certain: {listed(uncertain, 100)}")
     details_json = {
         "platform": "xpu",
+        "host_includes": "the processes (assumed), staging, the driver's host copy",
         "verdict": outcome.verdict,
         "fails_at": outcome.fails_at,
         "why": outcome.why,
@@ -289,20 +290,22 @@ def judge_xpu(
 def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) -> Verdict:
     """vLLM's CPU backend in its own terms (``startup.cpu_backend``): host memory only."""
     from vllm_xpu_memfix.memory.room import host_room
-    from vllm_xpu_memfix.startup import codes, cpu_backend, domain
+    from vllm_xpu_memfix.startup import codes, cpu_backend, domain, limits
 
     room = host_room(settings.sysroot)
     workers = int(getattr(vllm_config.parallel_config, "world_size", 1) or 1)
     kv = float(args.kv_cache_memory_bytes or 0) * workers
-    flags = [f for f in args.not_modelled if domain.side_of(f) in (codes.HOST, domain.BOTH)]
-    uncertain = [f"{listed(flags, 60)} not modelled"] if flags else []
-    if ckpt is None or args.quantization:
-        uncertain.append("weights not sized")
-    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room)
+    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room, workers)
     if outcome is None:
         line = "NOT JUDGED on vLLM's CPU backend: host room unreadable"
         json_ = {"platform": "cpu", "room": None}
         return Verdict(codes.FITS, [line], [str(room.problem)], [], None, json_)
+    flags = [f for f in args.not_modelled if domain.side_of(f) in (codes.HOST, domain.BOTH)]
+    if outcome.phase is not None:  # only a flag that could lower the failing phase
+        flags = limits.rescuing(flags, outcome.phase)
+    uncertain = [f"{listed(flags, 60)} not modelled"] if flags else []
+    if ckpt is None or args.quantization:
+        uncertain.append("weights not sized")
     verdict = codes.AT_RISK if outcome.verdict in NOT_FITTING and uncertain else outcome.verdict
     where = f" at {outcome.phase} on the host" if outcome.phase else ""
     essential = [f"{verdict.upper()}{where} on vLLM's CPU backend"]

@@ -130,7 +130,8 @@ REMEDIES = {
     "converted on the host; needs such a checkpoint of the model",
     NEWER_IMAGE: "an llm-scaler image whose sym_int4 keeps one device layout per weight",
     GPU_MEMORY_UTILIZATION: "a lower --gpu-memory-utilization: less KV cache, so less device "
-    "memory and (with the host copy) less pinned host memory; fewer concurrent tokens",
+    "memory and (with the host copy) less pinned host memory; fewer concurrent tokens. Or a "
+    "higher one, where the KV cache cannot hold one sequence and the device has room",
     KV_HEADROOM: "the plugin's kv_headroom: keeps the gathered logits plus a slack out of the "
     "KV cache for the sampler warm-up; a little less KV cache",
     CONTAINER_LIMIT: "raise the container's memory limit (docker run --memory)",

@@ -441,7 +441,8 @@ def run(inp: Inputs) -> Outcome:
     device cannot hold fails there, whatever the host. "will fail" only where every
     condition is known to hold (a refusal, ranks above the visible GPUs, #916 with peer
     access known); a possible failure makes the verdict "at risk", named in ``why``. A flag
-    the model does not cover caps its side's verdict at "at risk"."""
+    the model does not cover caps a failure at "at risk" only where it could lower the
+    failing phase on that side (``reach``); one that cannot leaves the failure standing."""
     phases = _phases(inp)
     causes = _causes(inp, phases)
     start = {"phase": codes.LOAD, "where": codes.DEVICE}
@@ -464,9 +465,11 @@ def run(inp: Inputs) -> Outcome:
             ("compute-runtime #916: every device allocation fails", codes.XE_PEER_CONTEXT_OOM)
         )
     for text, code in certain:
-        capped = limits.capped(inp, codes.DEVICE, text)
+        capped = limits.capped(inp, codes.DEVICE, text, codes.LOAD)
         if capped is None:
-            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, text, code)
+            stands = limits.cannot_rescue(inp, codes.DEVICE, codes.LOAD)
+            why = "; ".join(part for part in (text, stands) if part)
+            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, why, code)
         if worst == codes.FITS:
             worst, why, side = codes.AT_RISK, capped, codes.DEVICE
     for name, phase in phases.items():
@@ -474,10 +477,12 @@ def run(inp: Inputs) -> Outcome:
             judged, share = judge(inp, name, phase)
             text = f"{where} at {name}: {share}"
             if judged == codes.RUNS_OUT:
-                capped = limits.capped(inp, where, text)
+                capped = limits.capped(inp, where, text, name)
                 if capped is None:
                     main = _main_cause(causes, where)
                     at = {"phase": name, "where": where}
+                    stands = limits.cannot_rescue(inp, where, name)
+                    text = "; ".join(part for part in (text, stands) if part)
                     return Outcome(inp, phases, causes, codes.RUNS_OUT, at, text, main)
                 judged, text = codes.AT_RISK, capped
             if judged == codes.AT_RISK and worst == codes.FITS:

@@ -52,6 +52,7 @@ class Prediction:
     device_bytes: float | None  # a rank's, where the device was judged
     gpu_active: int | None  # the GPU drivers' host memory when the preflight ran
     started: float
+    host_includes: str = ""  # what the predicted host figure counts, in words
 
 
 _KEPT: list[Prediction] = []  # this process's last preflight prediction
@@ -88,6 +89,7 @@ def _predicted(settings: Settings, verdict: Any, line: str) -> Prediction:
         max(devices) if devices else None,
         ProcReader(settings.sysroot).take("self", pss=False).gpu_active,
         time.time(),
+        str(verdict.json.get("host_includes") or ""),
     )
     if settings.ledger_dir is not None:
         _ledger(settings).record(
@@ -157,6 +159,8 @@ def at_ready(settings: Settings, prediction: Prediction) -> str:
     measured = None if tree is None else tree + (held or 0)
     vram = workers_vram(settings.ledger_dir, start_identity())
     host = f"host: predicted {prediction.host_bytes / GiB:,.2f} GiB"
+    if prediction.host_includes:
+        host += f" ({prediction.host_includes})"
     if measured is None:
         host += ", measured n/a (the vLLM tree's PSS could not be read)"
     else:

@@ -294,6 +294,7 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
             )
     found += _more_room(context, out)
     found += resizing.context(out)
+    found += resizing.higher_utilization(out)
     found += _quantize(out)
     found += resizing.tp_for_gpus(out)
     found += _more_gpus(out)

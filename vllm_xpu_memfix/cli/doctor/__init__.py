@@ -33,6 +33,7 @@ from pathlib import Path
 
 from vllm_xpu_memfix.cli.doctor import (
     advice,
+    choices,
     described,
     facts,
     hostfile,
@@ -43,6 +44,7 @@ from vllm_xpu_memfix.cli.doctor import (
 )
 from vllm_xpu_memfix.core import config, files
 from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -112,6 +114,12 @@ def _serve_args(args: argparse.Namespace, described: str | None = None) -> vllml
         )
     given = {"model": args.model or option or None}
     given.update({name: getattr(args, name, None) for name in serveline.FIELDS})
+    quantization = given.get("quantization")
+    if quantization is not None:
+        try:
+            serveline.value_of("quantization", str(quantization))
+        except ValueError as exc:
+            raise serveline.ServeLineError(f"-q/--quantization {exc}") from None
     own = {name: value for name, value in given.items() if value is not None and name != "model"}
     doctors = {"device_memory_gib": args.device_memory_gib, "params": args.params}
     base = ServeArgs(**serveline.fitted(own), model=given["model"], **doctors)
@@ -151,20 +159,31 @@ def _write_host(args: argparse.Namespace, text: str) -> None:
     print(f"doctor: wrote {path}", file=sys.stderr)
 
 
+def _described_vllm(args: argparse.Namespace, machine: hostfile.Described | None) -> str | None:
+    """The vLLM release judged for: ``--image``'s or the host file's image's."""
+    image = getattr(args, "image", None)
+    if image and catalog.image_named(image) is None:
+        raise serveline.ServeLineError(f"--image: {catalog.not_in_table(image)}")
+    return choices.described_vllm_version(image, machine.image if machine else None)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         if args.host and args.write_host:
             raise hostfile.HostFileError("--write-host writes this machine: drop --host")
         machine = hostfile.load(args.host) if args.host else None
-        reading = _serve_args(args, vllmline.described_version(machine))
-        serve = reading.args
-        if machine is not None:
-            measured = described.measurement(machine, serve)
-        else:
-            measured = facts.measure(config.load(), serve, os.environ)
-        if args.write_host:
-            _write_host(args, described.write_host(measured))
-        report = report_for(measured, serve, reading if getattr(args, "serve_line", None) else None)
+        version = _described_vllm(args, machine)
+        with choices.judged_for(version):
+            reading = _serve_args(args, version)
+            serve = reading.args
+            if machine is not None:
+                measured = described.measurement(machine, serve)
+            else:
+                measured = facts.measure(config.load(), serve, os.environ)
+            if args.write_host:
+                _write_host(args, described.write_host(measured))
+            line = reading if getattr(args, "serve_line", None) else None
+            report = report_for(measured, serve, line)
     except (CheckpointError, hostfile.HostFileError, serveline.ServeLineError) as exc:
         # One line, whatever a hostile file name holds.
         print(f"doctor: {_one_line(str(exc))}", file=sys.stderr)

@@ -135,8 +135,9 @@ def causes_section(outcome: phases.Outcome) -> list[dict[str, object]]:
 def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outcome) -> list[str]:
     """What doctor took where it was not told."""
     assumed = list(measured.assumed)
+    assumed += choices.other_vllm_notes(args.not_modelled)
     if args.quantization and choices.quantization_names() is None:
-        assumed.append(choices.QUANTIZATION_NOT_CHECKED.format(name=args.quantization))
+        assumed.append(choices.not_checked(args.quantization))
     if args.max_num_seqs is None:
         assumed.append(f"--max-num-seqs not given: vLLM's {sizing.DEFAULT_MAX_NUM_SEQS}")
     if args.max_num_batched_tokens is None:

@@ -81,12 +81,6 @@ def parser_words(version: str) -> str:
     return f"vLLM {version}'s parser"
 
 
-def described_version(machine: Any) -> str | None:
-    """The vLLM version of the machine described (a host file's image, ``--image``) where
-    one is recorded; None where nothing records it (today: nothing does)."""
-    return None
-
-
 def reader_for(described: str | None) -> str | None:
     """The installed vLLM's version where its parser reads the line: one is installed and
     no other version is described; else None (doctor's own parser, vLLM never imported)."""
