@@ -9,9 +9,7 @@ per-fix rows to them.
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -81,6 +79,8 @@ class Variable:
     # Names a path on the machine that runs vLLM: checked against this filesystem only
     # where that machine is this one (``load(..., this_machine=False)``: shape only).
     path: bool = False
+    # The fixes that read it: a bad value turns these off at start-up (``registration``).
+    fixes: tuple[str, ...] = ()
 
 
 def _choice(variable: Variable, raw: str, _environ: Mapping[str, str]) -> str:
@@ -145,8 +145,11 @@ def _slots_or_auto(variable: Variable, raw: str, environ: Mapping[str, str]) -> 
 def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
     name = f"{PREFIX}_{kind.upper()}_SLOTS"
     doc = f"How many {who} at once on the host (or engine)."
+    fix = (f"{kind}_lock",)
     if not sized_by_room:
-        return Variable(name, f"{kind}_slots", "1", SLOTS.accepted, doc, _number, bounds=SLOTS)
+        return Variable(
+            name, f"{kind}_slots", "1", SLOTS.accepted, doc, _number, bounds=SLOTS, fixes=fix
+        )
     return Variable(
         name,
         f"{kind}_slots",
@@ -155,6 +158,7 @@ def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
         f"{doc} auto: as many as the host's room holds ranks' staging, 1 with load_lock=on.",
         _slots_or_auto,
         bounds=SLOTS,
+        fixes=fix,
     )
 
 
@@ -174,6 +178,7 @@ def _host_semaphore(
             "without the lock.",
             parse=_number,
             bounds=TIMEOUT_S,
+            fixes=(f"{kind}_lock",),
         ),
         Variable(
             name=f"{PREFIX}_{upper}_SCOPE",
@@ -184,6 +189,7 @@ def _host_semaphore(
             "ranks of one engine do.",
             parse=_choice,
             choices=("host", "instance"),
+            fixes=(f"{kind}_lock",),
         ),
     )
 
@@ -289,6 +295,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "<dir>/ledger-<hostname>-<pid>.jsonl.",
         parse=_optional_directory,
         path=True,
+        fixes=("ledger",),
     ),
     Variable(
         name=f"{PREFIX}_SYSROOT",
@@ -300,6 +307,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "ledger, doctor); point it at a recorded tree. Empty is the same as unset.",
         parse=_existing_directory,
         path=True,
+        fixes=("ledger", "load_lock", "driver_env", "preflight"),
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_ATTRS",
@@ -309,6 +317,7 @@ PARAMETERS: tuple[Variable, ...] = (
         doc="Plain module attributes holding host tensors that host_release deletes (e.g. "
         "'*_bf16_cpu,model.layers.*._staging'); registered parameters and buffers never match.",
         parse=_patterns,
+        fixes=("host_release",),
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_EVERY_MIB",
@@ -319,6 +328,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "host staging.",
         parse=_number,
         bounds=MIB,
+        fixes=("host_release",),
     ),
     Variable(
         name=f"{PREFIX}_DROP_PAGE_CACHE",
@@ -328,6 +338,7 @@ PARAMETERS: tuple[Variable, ...] = (
         doc="After loading, advise the kernel to drop the checkpoint's pages from the page cache.",
         parse=_switch,
         choices=_ON_OFF,
+        fixes=("host_release",),
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_VOCAB_COPIES",
@@ -340,6 +351,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "code may read it). No effect on XPU, where nothing is prepacked.",
         parse=_switch,
         choices=_ON_OFF,
+        fixes=("host_release",),
     ),
     *_host_semaphore("warmup", "warm-ups may run", "warms up", timeout_s="900"),
     *_host_semaphore(
@@ -356,6 +368,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "regular file (the warm-up or load then runs unlocked).",
         parse=_lock_dir,
         path=True,
+        fixes=("warmup_lock", "load_lock", "device_quant"),
     ),
     Variable(
         name=f"{PREFIX}_KV_HEADROOM_SLACK_MIB",
@@ -367,6 +380,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "fragmentation).",
         parse=_number,
         bounds=MIB,
+        fixes=("kv_headroom",),
     ),
 )
 
@@ -385,6 +399,7 @@ SWITCHES: dict[str, Variable] = {
         + (f" {fix.extra_means}." if fix.extra_means else ""),
         parse=_mode,
         choices=tuple(m.value for m in fix.modes),
+        fixes=(fix.key,),
     )
     for fix in FIXES
 }
@@ -425,7 +440,7 @@ class Settings:
         return self.enabled and self.modes[fix.key] is not Mode.OFF
 
 
-def _read(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
+def read_variable(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
     raw = environ.get(variable.name, "")
     if not raw.strip() and (variable.parse is _mode or variable is MASTER or variable.path):
         # A switch or a path left empty is unset (docker-compose's ``${X}`` of an unset X
@@ -446,25 +461,7 @@ def load(environ: Mapping[str, str] | None = None, this_machine: bool = True) ->
     variable is checked for its shape only, never against this filesystem."""
     env = os.environ if environ is None else environ
     return Settings(
-        enabled=_read(MASTER, env),
-        modes={key: _read(switch, env) for key, switch in SWITCHES.items()},
-        **{variable.field: _read(variable, env, this_machine) for variable in PARAMETERS},
+        enabled=read_variable(MASTER, env),
+        modes={key: read_variable(switch, env) for key, switch in SWITCHES.items()},
+        **{variable.field: read_variable(variable, env, this_machine) for variable in PARAMETERS},
     )
-
-
-def announce_to_vllm() -> None:
-    """Add the plugin's variables to vLLM's environment table.
-
-    vLLM warns about every ``VLLM_*`` variable missing from
-    ``vllm.envs.environment_variables``. Versions without that table are left
-    alone. Note that vLLM hashes the known variables into its torch.compile
-    cache key, so changing a plugin switch also starts a fresh compile cache.
-    """
-    envs = sys.modules.get("vllm.envs")
-    table = getattr(envs, "environment_variables", None)
-    if not isinstance(table, dict):
-        return
-    for variable in VARIABLES:
-        table.setdefault(
-            variable.name, functools.partial(os.environ.get, variable.name, variable.default)
-        )
