@@ -258,7 +258,8 @@ PREFLIGHT = Fix(
     auto_means="the line under vLLM's XPU platform (Intel GPUs) and CPU backend (host memory "
     "only), one 'not judged' line elsewhere; on: the same",
     modes=(*ON_OFF_AUTO, Mode.REFUSE),
-    extra_means="refuse: also stops the start-up (one ERROR, exit status 1) on a certain 'will "
+    extra_means="refuse: also stops the start-up (one ERROR; PreflightRefused, a RuntimeError, "
+    "in LLM(...); exit status 1 in vllm serve) on a certain 'will "
     "run out of memory' or 'will fail': every input read, every dimension modelled",
 )
 FIXES: tuple[Fix, ...] = (
