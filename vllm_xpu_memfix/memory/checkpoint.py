@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_xpu_memfix.core import bounded, files
+from vllm_xpu_memfix.memory import config_sizes
 
 # Bits per element of every safetensors dtype (0.8): F4 and F6 pack below a byte.
 DTYPE_BITS = {
@@ -364,6 +365,9 @@ def read_checkpoint(
     if not directory.is_dir():
         raise CheckpointError(f"{name} is not a directory")
     config, config_problem = read_config(directory)
+    no_model = config_sizes.problem(config)
+    if no_model:
+        raise CheckpointError(f"{directory / 'config.json'}: {no_model}")
     refused = [config_problem] if config_problem else []
     shard_paths, index, index_refused = _shard_files(directory)
     refused += index_refused
