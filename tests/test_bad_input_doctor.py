@@ -220,7 +220,7 @@ def test_a_fifo_is_never_opened(tmp_path):
     fifo(model / "extra.safetensors")
     got = report(doctor(str(model), "--json"))
     assert got["model"]["checkpoint_bytes"] == TOTAL
-    assert "refused config.json: not a regular file" in got["notes"]
+    assert "refused config.json: a FIFO, not a regular file" in got["notes"]
 
 
 # --- fuzzing: random corruptions of a valid file ------------------------------------------

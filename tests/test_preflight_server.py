@@ -52,3 +52,40 @@ def test_a_refusal_is_one_error_record_and_a_clean_exit(serve, tiny_model, tmp_p
     assert "first remedy a smaller VLLM_CPU_KVCACHE_SPACE" in line
     assert len(line.split("vllm-xpu-memfix preflight:", 1)[1]) <= 320
     assert "Traceback" not in log and "EngineCore" not in log
+
+
+LIBRARY_CALLER = """
+import sys
+from vllm import LLM
+
+try:
+    LLM(model=sys.argv[1], max_model_len=128, enforce_eager=True)
+except RuntimeError as exc:
+    print("CALLER caught", type(exc).__name__, "stopped by" in str(exc))
+print("CALLER goes on")
+"""
+
+
+def test_a_refusal_inside_llm_is_an_exception_the_caller_catches(tiny_model, tmp_path, clean_env):
+    """issue 52: ``LLM(...)`` under refuse raises a RuntimeError the caller catches; its
+    program goes on and exits 0 (it was a SystemExit that passed ``except Exception``)."""
+    import os
+    import subprocess
+    import sys
+
+    from vllm_xpu_memfix.cli.demo.server import CPU_DEFAULT_ENV, with_amx_site
+
+    host = build_host(tmp_path / "host", [], mem_available_gib=0.5)
+    env = {**os.environ, **CPU_DEFAULT_ENV, **REFUSE, "VLLM_XPU_MEMFIX_SYSROOT": str(host)}
+    result = subprocess.run(
+        [sys.executable, "-c", LIBRARY_CALLER, str(tiny_model)],
+        env=with_amx_site(env),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in result.stdout.splitlines() if line.startswith("CALLER")]
+    assert said == ["CALLER caught PreflightRefused True", "CALLER goes on"]
+    (line,) = _preflight_lines(result.stdout + result.stderr)
+    assert " ERROR " in line and "stopped by VLLM_XPU_MEMFIX_PREFLIGHT=refuse" in line

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import vllm_xpu_memfix
+from vllm_xpu_memfix.core import config
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -104,15 +105,78 @@ def test_switching_a_fix_off_leaves_its_targets_alone():
     assert "off: ledger" in result.stderr
 
 
-def test_invalid_switch_stops_registration_with_a_clear_error():
+JUNK = {v.name: "junk\u00e9 \x7f" for v in config.VARIABLES if v is not config.MASTER}
+
+
+def test_master_switch_off_reads_no_other_switch_and_vllm_loads_it():
+    """issue 52: with the plugin off, junk in every other variable never reaches vLLM."""
+    pytest.importorskip("vllm")
     result = run_python(
-        "import vllm_xpu_memfix as m; m.register()", env={"VLLM_XPU_MEMFIX_LEDGER": "yes please"}
+        """
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        import vllm_xpu_memfix as m
+        print(m._registered, len(m.PATCHER.states()))
+        """,
+        env={**JUNK, "VLLM_XPU_MEMFIX": "0", "VLLM_PLUGINS": "xpu_memfix"},
     )
-    assert result.returncode != 0
-    assert (
-        "ConfigError: VLLM_XPU_MEMFIX_LEDGER='yes please' is not valid; "
-        "accepted values: auto, on, off" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "0"]
+    assert "not valid" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_bad_switch_turns_its_fix_off_with_one_error_and_the_rest_start():
+    result = run_python(
+        """
+        import vllm_xpu_memfix as m
+        m.register()
+        print(" ".join(sorted({fix for fix, _ in m.PATCHER.states()})))
+        """,
+        env={"VLLM_XPU_MEMFIX_LEDGER": "yes please", "VLLM_XPU_MEMFIX_WARMUP_SLOTS": "0"},
     )
+    assert result.returncode == 0, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "not valid" in line]
+    assert errors == [
+        "ERROR vllm_xpu_memfix: vllm-xpu-memfix: VLLM_XPU_MEMFIX_LEDGER='yes please' is not valid; "
+        "accepted values: auto, on, off; turned off: ledger",
+        "ERROR vllm_xpu_memfix: vllm-xpu-memfix: VLLM_XPU_MEMFIX_WARMUP_SLOTS='0' is not valid; "
+        "accepted values: an integer from 1 to 1024; turned off: warmup_lock",
+    ]
+    patched = result.stdout.split()
+    assert "ledger" not in patched and "warmup_lock" not in patched
+    assert "host_release" in patched, "the other fixes start"
+    assert "off: ledger" in result.stderr
+
+
+def test_a_bad_master_value_turns_the_plugin_off_with_one_error():
+    result = run_python(
+        "import vllm_xpu_memfix as m; m.register(); print(len(m.PATCHER.states()))",
+        env={**JUNK, "VLLM_XPU_MEMFIX": "2"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
+    errors = [line for line in result.stderr.splitlines() if "not valid" in line]
+    assert errors == [
+        "ERROR vllm_xpu_memfix: vllm-xpu-memfix: VLLM_XPU_MEMFIX='2' is not valid; "
+        "accepted values: 1, on, true, yes / 0, off, false, no; the plugin is off"
+    ]
+
+
+def test_refuse_stops_on_any_bad_value_and_a_bad_preflight_value_is_not_refuse():
+    strict = run_python(
+        "import vllm_xpu_memfix as m; m.register()",
+        env={"VLLM_XPU_MEMFIX_PREFLIGHT": "refuse", "VLLM_XPU_MEMFIX_LOAD_SCOPE": "world"},
+    )
+    assert strict.returncode != 0
+    assert "ConfigError: VLLM_XPU_MEMFIX_LOAD_SCOPE='world' is not valid" in strict.stderr
+    assert "VLLM_XPU_MEMFIX_PREFLIGHT=refuse stops on a bad value" in strict.stderr
+    lenient = run_python(
+        "import vllm_xpu_memfix as m; m.register()",
+        env={"VLLM_XPU_MEMFIX_PREFLIGHT": "refuse!"},
+    )
+    assert lenient.returncode == 0, lenient.stderr
+    assert "VLLM_XPU_MEMFIX_PREFLIGHT='refuse!' is not valid" in lenient.stderr
+    assert "turned off: preflight" in lenient.stderr
 
 
 def test_vllm_knows_the_plugin_variables_after_registration():

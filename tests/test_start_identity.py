@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_report import run_report
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, registration
 from vllm_xpu_memfix.core.process import START_VARIABLE, start_identity, started_pid
 from vllm_xpu_memfix.core.units import GiB
 
@@ -101,7 +101,7 @@ def test_the_identity_leaves_vllms_compile_cache_key_alone_and_reaches_ray_worke
     envs = pytest.importorskip("vllm.envs")
     from vllm.ray.ray_env import get_env_vars_to_copy
 
-    config.announce_to_vllm()
+    registration.announce_to_vllm()
     monkeypatch.setenv(START_VARIABLE, "1-2-aaaaaa")
     before = envs.compile_factors()
     monkeypatch.setenv(START_VARIABLE, "3-4-bbbbbb")

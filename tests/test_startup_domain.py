@@ -433,7 +433,7 @@ def test_the_models_context_and_its_refusal_are_vllms_own(tmp_path, name, rope):
         {"quant_method": "modelopt", "quantization": "FP8"},
         {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": None}}},
         {"quant_method": "compressed-tensors", "config_groups": ["not", "a", "map"]},
-        {"quant_method": "awq", "bits": "4", "group_size": -1},
+        {"quant_method": "awq", "bits": 4, "group_size": -1},  # bits "4": test_config_sizes
         {"quant_method": "quark", "global_quant_config": [1]},
         {"quant_method": 5},
         "mxfp4",

@@ -4,6 +4,7 @@ time-out, lock-directory safety, and the allow-list against the installed source
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -56,11 +57,24 @@ def test_one_slot_serialises_the_real_qwen_warmup(tmp_path):
 
 
 def test_two_slots_let_two_run_at_once(tmp_path):
-    assert max_overlap(race(tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")) == 2
+    assert max_overlap(race(tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")) <= 2
+    # Whether two did overlap is the scheduler's; that a free second slot is taken while
+    # another process holds the first is the lock's.
+    assert not _gave_up_beside_a_holder(tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")
 
 
-def test_with_the_fix_off_they_overlap(tmp_path):
-    assert max_overlap(race(tmp_path, VLLM_XPU_MEMFIX_WARMUP_LOCK="off")) >= 3
+def test_with_the_fix_off_nothing_queues(tmp_path):
+    """Off, four real warm-ups run while another process holds the only slot for good
+    (with the lock on they would wait for it: a hang, which race()'s time limit catches)."""
+    holder = start_holder(tmp_path / "locks", "warmup")
+    try:
+        intervals = race(
+            tmp_path, VLLM_XPU_MEMFIX_WARMUP_LOCK="off", VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S="86400"
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(intervals) == 4
 
 
 HOLDER = """
@@ -82,16 +96,37 @@ def start_holder(lock_dir: Path, name: str) -> subprocess.Popen[str]:
     return holder
 
 
-def test_a_killed_holder_frees_its_slot_within_a_second(tmp_path):
+def _gave_up_beside_a_holder(tmp_path: Path, **env: str) -> bool:
+    """Whether a warm-up gave up on the lock while another process held one slot."""
+    lock_dir = tmp_path / "locks"
+    holder = start_holder(lock_dir, "warmup")
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("vllm_xpu_memfix")
+    logger.addHandler(handler)
+    try:
+        variables = {"VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir), **env}
+        settings = config.load({"VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S": "1", **variables})
+        ran: list[bool] = []
+        one_warm_up("qwen_triton_warmup", settings)(lambda: ran.append(True), None, (), {})
+        assert ran == [True]
+    finally:
+        logger.removeHandler(handler)
+        holder.kill()
+        holder.wait()
+    return any("gave up" in message for message in messages)
+
+
+def test_a_killed_holder_frees_its_slot(tmp_path):
+    """The kernel drops a dead holder's lock: the slot is acquired, not given up on."""
     lock_dir = tmp_path / "locks"
     holder = start_holder(lock_dir, "warmup")
     try:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-        killed_at = time.monotonic()
-        with HostSemaphore(lock_dir, "warmup", 1).hold(timeout_s=5) as holding:
+        with HostSemaphore(lock_dir, "warmup", 1).hold(timeout_s=30) as holding:
             assert holding.acquired
-            assert time.monotonic() - killed_at < 1.0
     finally:
         holder.kill()
 
@@ -109,7 +144,7 @@ def test_time_out_proceeds_without_the_lock_and_names_the_holder(tmp_path, caplo
         wrapper(lambda: ran.append(True), None, (), {})
         waited = time.monotonic() - started
         assert ran == [True]
-        assert 2.0 <= waited < 4.0
+        assert waited >= 2.0, "it waited its time-out, then went on (how much longer is load)"
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert any(f"pid {holder.pid}" in w and "gave up after 2." in w for w in warnings), warnings
     finally:
@@ -258,7 +293,6 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
     registry's warmup() included, runs while this process holds the slot; the first call
     after `if process_local_only: return` finds it free; the allow-listed warm-ups inside
     do not queue a second time; an exception from vLLM passes through unchanged."""
-    import logging
     from types import SimpleNamespace
 
     pytest.importorskip("vllm")
@@ -316,7 +350,6 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
     )
     patcher = Patcher()
     warmup_lock.install(patcher, settings)
-    started = time.monotonic()
     try:
         with caplog.at_level(logging.INFO):
             if local_only:
@@ -326,7 +359,6 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
                     gpu_worker.kernel_warmup(worker)
     finally:
         patcher.revert_all()
-    assert time.monotonic() - started < 2.5, "an inner warm-up queued behind its own section"
     inside = [(name, free) for name, free in seen if name != "after"]
     assert ("jit", False) in inside and ("qwen_triton_warmup", False) in inside
     assert all(not free for _, free in inside), inside
@@ -341,7 +373,9 @@ def test_the_slot_covers_the_whole_section_of_the_real_kernel_warmup(
 
 
 @pytest.mark.parametrize(("mode", "waits"), [("auto", False), ("on", True)])
-def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatch, mode, waits):
+def test_per_rank_triton_cache_skips_the_lock_unless_forced(
+    tmp_path, monkeypatch, caplog, mode, waits
+):
     """vLLM's compiled mode gives each rank its own Triton cache: waiting would save nothing."""
     lock_dir = tmp_path / "locks"
     holder = start_holder(lock_dir, "warmup")
@@ -355,8 +389,12 @@ def test_per_rank_triton_cache_skips_the_lock_unless_forced(tmp_path, monkeypatc
             }
         )
         started = time.monotonic()
-        one_warm_up("qwen_triton_warmup", settings)(lambda: None, None, (), {})
-        assert (time.monotonic() - started >= 1.5) is waits
+        with caplog.at_level(logging.WARNING):
+            one_warm_up("qwen_triton_warmup", settings)(lambda: None, None, (), {})
+        gave_up = [r for r in caplog.records if "gave up" in r.getMessage()]
+        assert bool(gave_up) is waits, "only a rank that queued behind the holder gives up"
+        if waits:
+            assert time.monotonic() - started >= 1.5
     finally:
         holder.kill()
         holder.wait()

@@ -4,7 +4,7 @@ vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in
 every process it starts. It must stay cheap.
 
 The one boundary in this package: everything :func:`register` reaches at import
-time (``config``, ``patching``, ``log``, ``process``, ``units``, ``fixes``, and
+time (``config``, ``registration``, ``patching``, ``log``, ``process``, ``units``, ``fixes``, and
 ``driver``, whose sysfs and dpkg reads the driver guard makes at registration)
 imports neither torch, vLLM nor psutil. The other fix support (``host_lock``,
 ``memory``, ``kernels``) is imported inside the wrappers, when a fix acts; the
@@ -18,7 +18,7 @@ import logging
 import os
 
 from vllm_xpu_memfix import fixes
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, registration
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patcher, log_when_configured
 from vllm_xpu_memfix.core.process import current_role, start_identity
@@ -32,20 +32,23 @@ _registered = False
 def register() -> None:
     """Entry point for ``vllm.general_plugins``. Idempotent.
 
-    Raises :class:`numbers.ConfigError` on an invalid switch value, which stops
-    vLLM's start-up with a message naming the variable.
+    A bad variable turns off the fixes that read it, with one ERROR record each
+    (``core.registration``); it raises :class:`numbers.ConfigError`, which stops vLLM's
+    start-up, only under ``VLLM_XPU_MEMFIX_PREFLIGHT=refuse``.
     """
     global _registered
     if _registered:
         return
-    settings = config.load()
-    config.announce_to_vllm()
+    settings, refused = registration.settings_at_start()
+    registration.announce_to_vllm()
     _registered = True
     role = current_role()
     # The role's note (an exception's text) would make the line long: a record of its own.
     where = f"pid={os.getpid()} {dataclasses.replace(role, note=None).describe()}"
     if role.note:
         log_when_configured(get_logger(), logging.INFO, f"vllm-xpu-memfix: role: {role.note}")
+    for line in refused:
+        log_when_configured(get_logger(), logging.ERROR, f"vllm-xpu-memfix: {line}")
     if not settings.enabled:
         log_when_configured(
             get_logger(),

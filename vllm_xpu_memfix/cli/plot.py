@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 from collections import defaultdict
@@ -15,8 +14,11 @@ from typing import Any
 
 from vllm_xpu_memfix.core import files
 from vllm_xpu_memfix.core.units import GiB
+from vllm_xpu_memfix.memory import ledger_files
 
 WIDTH_IN, HEIGHT_IN, DPI = 12, 6.5, 100
+# A ledger file plot streams at most: a start-up's rows are a few KiB a process.
+LEDGER_CAP = 64 * 2**20
 
 
 # The formats plot writes, by the output's extension.
@@ -46,8 +48,8 @@ class Skipped:
     count: int = 0
     first: str = ""
 
-    def add(self, where: str) -> None:
-        self.count += 1
+    def add(self, where: str, count: int = 1) -> None:
+        self.count += count
         self.first = self.first or where
 
 
@@ -115,24 +117,15 @@ def read_monitor_csv(
     return {labels[pid]: points for pid, points in series.items()}, system
 
 
-def _ledger_points(path: Path, skipped: Skipped) -> Iterator[tuple[float, str]]:
-    """(ts, phase) of the worker lines of one ledger file; unreadable lines are counted."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        skipped.add(f"{path.name} ({exc.__class__.__name__})")
-        return
-    for number, line in enumerate(lines, start=1):
-        try:
-            row = json.loads(line)
-            ts, phase = float(row["ts"]), row["phase"]
-            if not math.isfinite(ts) or not isinstance(phase, str):
-                raise ValueError("bad ts or phase")
-        except (ValueError, TypeError, KeyError, RecursionError):
-            skipped.add(f"{path.name} line {number}")
-            continue
-        if str(row.get("role", "")).startswith("worker"):
-            yield ts, phase
+def _worker_phase(row: dict[str, Any]) -> tuple[float, str] | None:
+    """(ts, phase) of a worker's ledger row; None for another process's; ValueError for a
+    row without a finite ``ts`` and a ``phase``."""
+    ts, phase = row.get("ts"), row.get("phase")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not isinstance(phase, str):
+        raise ValueError("no ts or phase")
+    if not math.isfinite(ts):
+        raise ValueError("no finite ts")
+    return (float(ts), phase) if str(row.get("role", "")).startswith("worker") else None
 
 
 def read_ledger_phases(
@@ -141,13 +134,28 @@ def read_ledger_phases(
     """(epoch ts, label) of the worker phases in a ledger directory.
 
     Phases closer than ``merge_within_s`` (e.g. every rank's "ready") share one mark.
-    Lines without a ``ts`` and ``phase`` are counted in ``skipped`` and left out.
+    Lines without a ``ts`` and ``phase``, and files ``ledger_files`` cannot read, are
+    counted in ``skipped`` and left out; the files are streamed, never read whole.
     """
     skipped = skipped if skipped is not None else Skipped()
     points: list[tuple[float, str]] = []
-    for path in sorted(directory.glob("ledger-*.jsonl")):
-        if path.is_file():  # never open a FIFO: it would block
-            points.extend(_ledger_points(path, skipped))
+    found = ledger_files.LedgerFiles()
+    first_bad: tuple[str, int] | None = None
+    bad_rows = 0
+    for name, number, row in ledger_files.each(directory, found, LEDGER_CAP):
+        try:
+            point = _worker_phase(row)
+        except ValueError:
+            bad_rows += 1
+            first_bad = first_bad or (name, number)
+            continue
+        if point is not None:
+            points.append(point)
+    first = min(filter(None, (first_bad, found.first_skip)), default=None)
+    if first is not None:
+        skipped.add(f"{first[0]} line {first[1]}", bad_rows + found.junk_lines)
+    for unreadable in found.unreadable:
+        skipped.add(unreadable)
     marks: list[tuple[float, list[str]]] = []
     for ts, phase in sorted(points):
         if marks and ts - marks[-1][0] < merge_within_s:

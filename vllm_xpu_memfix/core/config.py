@@ -9,9 +9,7 @@ per-fix rows to them.
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -19,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from vllm_xpu_memfix.core.numbers import MIB, SLOTS, TIMEOUT_S, Bounds, invalid
-from vllm_xpu_memfix.core.process import START_VARIABLE
 
 PREFIX = "VLLM_XPU_MEMFIX"
 
@@ -92,6 +89,8 @@ class Variable:
     # Names a path on the machine that runs vLLM: checked against this filesystem only
     # where that machine is this one (``load(..., this_machine=False)``: shape only).
     path: bool = False
+    # The fixes that read it: a bad value turns these off at start-up (``registration``).
+    fixes: tuple[str, ...] = ()
 
 
 def _choice(variable: Variable, raw: str, _environ: Mapping[str, str]) -> str:
@@ -167,8 +166,11 @@ def _slots_or_auto(variable: Variable, raw: str, environ: Mapping[str, str]) -> 
 def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
     name = f"{PREFIX}_{kind.upper()}_SLOTS"
     doc = f"How many {who} at once on the host (or engine)."
+    fix = (f"{kind}_lock",)
     if not sized_by_room:
-        return Variable(name, f"{kind}_slots", "1", SLOTS.accepted, doc, _number, bounds=SLOTS)
+        return Variable(
+            name, f"{kind}_slots", "1", SLOTS.accepted, doc, _number, bounds=SLOTS, fixes=fix
+        )
     return Variable(
         name,
         f"{kind}_slots",
@@ -177,6 +179,7 @@ def _slots(kind: str, who: str, sized_by_room: bool) -> Variable:
         f"{doc} auto: as many as the host's room holds ranks' staging, 1 with load_lock=on.",
         _slots_or_auto,
         bounds=SLOTS,
+        fixes=fix,
     )
 
 
@@ -196,6 +199,7 @@ def _host_semaphore(
             "without the lock.",
             parse=_number,
             bounds=TIMEOUT_S,
+            fixes=(f"{kind}_lock",),
         ),
         Variable(
             name=f"{PREFIX}_{upper}_SCOPE",
@@ -206,6 +210,7 @@ def _host_semaphore(
             "ranks of one engine do.",
             parse=_choice,
             choices=("host", "instance"),
+            fixes=(f"{kind}_lock",),
         ),
     )
 
@@ -274,7 +279,8 @@ PREFLIGHT = Fix(
     auto_means="the line under vLLM's XPU platform (Intel GPUs) and CPU backend (host memory "
     "only), one 'not judged' line elsewhere; on: the same",
     modes=(*ON_OFF_AUTO, Mode.REFUSE),
-    extra_means="refuse: also stops the start-up (one ERROR, exit status 1) on a certain 'will "
+    extra_means="refuse: also stops the start-up (one ERROR; PreflightRefused, a RuntimeError, "
+    "in LLM(...); exit status 1 in vllm serve) on a certain 'will "
     "run out of memory' or 'will fail': every input read, every dimension modelled",
 )
 FIXES: tuple[Fix, ...] = (
@@ -313,6 +319,7 @@ PARAMETERS: tuple[Variable, ...] = (
         f"older than 30 days are removed when a start-up begins. {LEDGER_OFF}: no files.",
         parse=_ledger_dir,
         path=True,
+        fixes=("ledger",),
     ),
     Variable(
         name=f"{PREFIX}_SYSROOT",
@@ -324,6 +331,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "ledger, doctor); point it at a recorded tree. Empty is the same as unset.",
         parse=_existing_directory,
         path=True,
+        fixes=("ledger", "load_lock", "driver_env", "preflight"),
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_ATTRS",
@@ -333,6 +341,7 @@ PARAMETERS: tuple[Variable, ...] = (
         doc="Plain module attributes holding host tensors that host_release deletes (e.g. "
         "'*_bf16_cpu,model.layers.*._staging'); registered parameters and buffers never match.",
         parse=_patterns,
+        fixes=("host_release",),
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_EVERY_MIB",
@@ -343,6 +352,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "host staging.",
         parse=_number,
         bounds=MIB,
+        fixes=("host_release",),
     ),
     Variable(
         name=f"{PREFIX}_DROP_PAGE_CACHE",
@@ -352,6 +362,7 @@ PARAMETERS: tuple[Variable, ...] = (
         doc="After loading, advise the kernel to drop the checkpoint's pages from the page cache.",
         parse=_switch,
         choices=_ON_OFF,
+        fixes=("host_release",),
     ),
     Variable(
         name=f"{PREFIX}_RELEASE_VOCAB_COPIES",
@@ -364,6 +375,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "code may read it). No effect on XPU, where nothing is prepacked.",
         parse=_switch,
         choices=_ON_OFF,
+        fixes=("host_release",),
     ),
     *_host_semaphore("warmup", "warm-ups may run", "warms up", timeout_s="900"),
     *_host_semaphore(
@@ -380,6 +392,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "regular file (the warm-up or load then runs unlocked).",
         parse=_lock_dir,
         path=True,
+        fixes=("warmup_lock", "load_lock", "device_quant"),
     ),
     Variable(
         name=f"{PREFIX}_KV_HEADROOM_SLACK_MIB",
@@ -391,6 +404,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "fragmentation).",
         parse=_number,
         bounds=MIB,
+        fixes=("kv_headroom",),
     ),
 )
 
@@ -409,6 +423,7 @@ SWITCHES: dict[str, Variable] = {
         + (f" {fix.extra_means}." if fix.extra_means else ""),
         parse=_mode,
         choices=tuple(m.value for m in fix.modes),
+        fixes=(fix.key,),
     )
     for fix in FIXES
 }
@@ -449,7 +464,7 @@ class Settings:
         return self.enabled and self.modes[fix.key] is not Mode.OFF
 
 
-def _read(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
+def read_variable(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
     raw = environ.get(variable.name, "")
     if not raw.strip() and (variable.parse is _mode or variable is MASTER or variable.path):
         # A switch or a path left empty is unset (docker-compose's ``${X}`` of an unset X
@@ -470,28 +485,7 @@ def load(environ: Mapping[str, str] | None = None, this_machine: bool = True) ->
     variable is checked for its shape only, never against this filesystem."""
     env = os.environ if environ is None else environ
     return Settings(
-        enabled=_read(MASTER, env),
-        modes={key: _read(switch, env) for key, switch in SWITCHES.items()},
-        **{variable.field: _read(variable, env, this_machine) for variable in PARAMETERS},
+        enabled=read_variable(MASTER, env),
+        modes={key: read_variable(switch, env) for key, switch in SWITCHES.items()},
+        **{variable.field: read_variable(variable, env, this_machine) for variable in PARAMETERS},
     )
-
-
-def announce_to_vllm() -> None:
-    """Add the plugin's variables to vLLM's environment table.
-
-    vLLM warns about every ``VLLM_*`` variable missing from
-    ``vllm.envs.environment_variables``. Versions without that table are left
-    alone. Note that vLLM hashes the known variables into its torch.compile
-    cache key, so changing a plugin switch also starts a fresh compile cache.
-    """
-    envs = sys.modules.get("vllm.envs")
-    table = getattr(envs, "environment_variables", None)
-    if not isinstance(table, dict):
-        return
-    for variable in VARIABLES:
-        table.setdefault(
-            variable.name, functools.partial(os.environ.get, variable.name, variable.default)
-        )
-    # The start-up's identity is new at every start: its getter gives a constant, so that
-    # vLLM's compile-cache key (0.32 envs.compile_factors hashes every getter) stays the same.
-    table.setdefault(START_VARIABLE, lambda: None)

@@ -40,8 +40,9 @@ Targets
 Switch
     ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto and on (the line), off (nothing judged or logged),
     refuse (on a certain "will run out of memory" or "will fail": one ERROR record naming
-    the switch and the first remedy, then exit status 1 without a traceback; never by
-    default).
+    the switch and the first remedy, then :class:`PreflightRefused`, a ``RuntimeError`` a
+    caller of ``LLM(...)`` can catch; uncaught, as in ``vllm serve``, exit status 1 without
+    a traceback; never by default).
 Upstream
     None: vLLM has no host-memory model of its start-up. The judgement needs the start-up
     model of this plugin, so it stays here.
@@ -55,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -88,16 +90,31 @@ NOT_FITTING = ("will run out of memory", "will fail")
 HUB_DEADLINE = 5.0
 
 
-class PreflightRefused(SystemExit):
-    """``VLLM_XPU_MEMFIX_PREFLIGHT=refuse`` and the start-up certainly will not fit: exit
-    status 1 without a traceback (a SystemExit), after the one ERROR record."""
+class PreflightRefused(RuntimeError):
+    """``VLLM_XPU_MEMFIX_PREFLIGHT=refuse`` and the start-up certainly will not fit.
+
+    An ordinary exception, so a library caller (``LLM(...)``, ``AsyncLLMEngine``) can catch
+    it and its program goes on. Left uncaught, as in ``vllm serve``, the process exits with
+    Python's status 1 and no traceback (:func:`_quiet_when_uncaught`): the one ERROR record
+    already said it."""
 
     def __init__(self, line: str) -> None:
-        super().__init__(1)
+        super().__init__(line)
         self.line = line
 
-    def __str__(self) -> str:
-        return self.line
+
+def _quiet_when_uncaught() -> None:
+    """Install, once, a ``sys.excepthook`` that prints nothing for an uncaught refusal."""
+    previous = sys.excepthook
+    if getattr(previous, "quiet_refusal", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, trace: Any) -> None:
+        if not isinstance(value, PreflightRefused):
+            previous(kind, value, trace)
+
+    hook.quiet_refusal = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 @dataclass
@@ -402,6 +419,7 @@ def run_preflight(
         stopped = line_of(verdict, f"{HEAD} stopped by {FIX.env}=refuse:")
         logger.error("%s", stopped)
         _log_details(verdict.json)
+        _quiet_when_uncaught()
         raise PreflightRefused(stopped)
     (logger.info if verdict.verdict == codes.FITS else logger.warning)("%s", line)
     _log_details(verdict.json)

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.core import bounded, files
+from vllm_xpu_memfix.memory import config_sizes
+
 # Bits per element of every safetensors dtype (0.8): F4 and F6 pack below a byte.
 DTYPE_BITS = {
     "BOOL": 8,
@@ -241,21 +244,21 @@ def read_shard(path: Path) -> tuple[Tensor, ...]:
 
 
 def _read_json(path: Path, limit: int) -> Any:
-    """A small JSON file; ``ValueError`` saying why it was refused."""
-    if not path.is_file():
-        raise ValueError("not a regular file")
+    """A JSON file of the checkpoint (config.json, the shard index), within ``limit`` bytes
+    and ``core.bounded``'s limits; ``ValueError`` saying why it was refused."""
     try:
-        with path.open("rb") as f:
-            raw = f.read(limit + 1)
+        raw = files.read_bytes(path, limit)
+    except (files.NotRegular, files.TooLarge) as exc:
+        raise ValueError(exc.strerror) from None
     except OSError as exc:
         raise ValueError(f"cannot read it ({exc.strerror or exc})") from None
-    if len(raw) > limit:
-        raise ValueError(f"larger than {limit} bytes")
     try:
-        return _json(raw)
+        return bounded.json_value(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ValueError("not UTF-8") from None
-    except (ValueError, RecursionError) as exc:
+    except bounded.OutOfBounds as exc:
+        raise ValueError(exc.reason) from None
+    except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
 
 
@@ -371,6 +374,9 @@ def read_checkpoint(
     if not directory.is_dir():
         raise CheckpointError(f"{name} is not a directory")
     config, config_problem = read_config(directory)
+    no_model = config_sizes.problem(config)
+    if no_model:
+        raise CheckpointError(f"{directory / 'config.json'}: {no_model}")
     refused = [config_problem] if config_problem else []
     shard_paths, index, index_refused = _shard_files(directory)
     refused += index_refused

@@ -11,13 +11,20 @@ with one line: a size read from it would be wrong.
 
 from __future__ import annotations
 
+import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from vllm_xpu_memfix.core import files
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_COUNT = 10_000_000  # tensors, metadata pairs, array items: beyond this, not a model
+# Reads of the whole header, every array item's included: a 256k vocabulary with its
+# merges is about 1.2M (a length, then the text passed over); this bounds the time.
+MAX_READS = 4_000_000
 MAX_STRING = 64 * 1024 * 1024
 MAX_NESTING = 4
 DEFAULT_ALIGNMENT = 32
@@ -90,12 +97,36 @@ class GgufTruncated(GgufError):
     """The bytes end inside the header: a range read takes more, a whole file is refused."""
 
 
+@dataclass(frozen=True)
+class Array:
+    """A metadata array, its items passed over unread (only the vocabulary's length is
+    used): never a list of millions of values in memory."""
+
+    kind: int
+    length: int
+
+
 class _Reader:
-    def __init__(self, stream: BinaryIO) -> None:
+    def __init__(self, stream: BinaryIO, size: int) -> None:
         self.stream = stream
+        self.size = size
         self.offset = 0
+        self.reads = 0
+
+    def spend(self) -> None:
+        self.reads += 1
+        if self.reads > MAX_READS:
+            raise GgufError(f"the header takes more than {MAX_READS:,} reads")
+
+    def skip(self, size: int) -> None:
+        self.spend()
+        if self.offset + size > self.size:
+            raise GgufError(f"the header ends inside a field at byte {self.offset}")
+        self.stream.seek(size, 1)
+        self.offset += size
 
     def take(self, size: int) -> bytes:
+        self.spend()
         data = self.stream.read(size)
         if len(data) != size:
             raise GgufTruncated(f"the header ends inside a field at byte {self.offset}")
@@ -124,7 +155,19 @@ class _Reader:
             return self.string()
         if kind == ARRAY and depth < MAX_NESTING:
             item = int(self.scalar("<I"))
-            return [self.value(item, depth + 1) for _ in range(self.count("an array of"))]
+            length = self.count("an array of")
+            if item in _SCALARS:
+                self.skip(length * struct.calcsize(_SCALARS[item]))
+            elif item == STRING:
+                for _ in range(length):
+                    size = int(self.scalar("<Q"))
+                    if size > MAX_STRING:
+                        raise GgufError(f"a string of {size:,} bytes at byte {self.offset}")
+                    self.skip(size)
+            else:
+                for _ in range(length):
+                    self.value(item, depth + 1)
+            return Array(item, length)
         if kind == ARRAY:
             raise GgufError(f"arrays nested deeper than {MAX_NESTING} at byte {self.offset}")
         raise GgufError(f"metadata value type {kind} is not GGUF's")
@@ -165,16 +208,17 @@ def _config(metadata: dict[str, Any]) -> dict[str, Any]:
             if type(value) is int and value > 0:
                 config[name] = value
     tokens = metadata.get("tokenizer.ggml.tokens")
-    if isinstance(tokens, list) and tokens:
-        config["vocab_size"] = len(tokens)
+    if isinstance(tokens, Array) and tokens.kind == STRING and tokens.length:
+        config["vocab_size"] = tokens.length
     return config
 
 
 def read(path: Path) -> tuple[list[tuple[str, str, tuple[int, ...], int]], dict[str, Any]]:
     """The tensors (name, ggml type, shape, bytes) and the config of a GGUF file."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as stream:
+        fd = files.open_regular(path)  # a FIFO would block a plain open
+        size = os.fstat(fd).st_size
+        with os.fdopen(fd, "rb") as stream:
             return parse(stream, size)
     except OSError as exc:
         raise GgufError(f"cannot read it ({exc.strerror or exc})") from exc
@@ -185,7 +229,7 @@ def parse(
 ) -> tuple[list[tuple[str, str, tuple[int, ...], int]], dict[str, Any]]:
     """The header at the start of ``stream``, of a GGUF file of ``size`` bytes: a file on
     disk, or the first bytes of one on the Hub (``GgufTruncated`` where they end too soon)."""
-    reader = _Reader(stream)
+    reader = _Reader(stream, size)
     if reader.take(4) != MAGIC:
         raise GgufError("not a GGUF file (no GGUF magic)")
     version = int(reader.scalar("<I"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.core import files
+from vllm_xpu_memfix.core import bounded, files
 from vllm_xpu_memfix.core.numbers import Bounds, shown
 from vllm_xpu_memfix.core.units import GiB, size
 from vllm_xpu_memfix.intel import catalog, driver
@@ -35,6 +35,8 @@ GPU_COUNT = Bounds(1, 64, integer=True)
 MAX_GPUS = 64
 # A host file is a few KiB (doctor --write-host writes about 1); anything larger is not one.
 HOST_FILE_CAP = 1024**2
+# A host file names a few devices and figures: anything larger is not one.
+HOST_LIMITS = bounded.Limits(depth=8, digits=20, string=HOST_FILE_CAP, values=10_000)
 # MemAvailable where only MemTotal is given: the OS and other processes keep this share.
 OS_SHARE = 0.05
 OS_SHARE_MIN_GIB = 2.0
@@ -117,12 +119,20 @@ def load(path: str | Path) -> Described:
         raw = files.read_bytes(path, HOST_FILE_CAP)
     except OSError as exc:
         raise HostFileError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    if sum(raw.count(mark) for mark in b",=[{") > HOST_LIMITS.values:  # before tomllib's slow parse
+        raise HostFileError(f"{name}: more than {HOST_LIMITS.values:,} values; not a host file")
     try:
         data = tomllib.loads(raw.decode("utf-8"))
+        bounded.check(data, HOST_LIMITS)
     except UnicodeDecodeError:
         raise HostFileError(f"{name}: is not UTF-8 text, so not TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise HostFileError(f"{name}: is not TOML ({exc})".replace("\n", " ")) from None
+    except bounded.OutOfBounds as exc:
+        raise HostFileError(f"{name}: {exc.reason}; not a host file") from None
+    except (RecursionError, ValueError):
+        # tomllib recurses once per nesting level and converts digits of any length.
+        raise HostFileError(f"{name}: nested or numbered beyond a host file") from None
     return parse(data, name)
 
 
