@@ -24,10 +24,13 @@ from helpers.odd_files import fifo, within
 from vllm_xpu_memfix.cli import plot
 from vllm_xpu_memfix.cli.doctor import hostfile
 from vllm_xpu_memfix.core import bounded
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.memory import checkpoint, gguf, ledger_files, oom_victim
 
 MiB = 2**20
+# The rows of this start-up (core.process.start_identity), as the OOM-kill line reads only those.
 ROW = {"phase": "process start", "pid": 4, "role": "worker-0", "rank": 0, "ts": 100.0}
+ROW["start"] = start_identity()
 HOSTILE_LINES = {
     "nested deeper than 16": "[" * 5_000,
     "an integer of more than 20 digits": json.dumps({**ROW, "rss": 10**400}),

@@ -107,13 +107,16 @@ def test_a_real_recorded_header_is_sized_to_the_byte(standin, online):
     assert got["checkpoint_dtype"] == "F32" and got["quantization"] == "none (weights as stored)"
 
 
-def test_minus_q_gptq_on_a_name_gets_the_gptq_checkpoints_size(standin, online):
-    """Issue 51 class 1: ``-q gptq`` on a name alone left the weights unsized."""
+def test_minus_q_gptq_on_a_name_reads_the_gptq_checkpoint(standin, online):
+    """Issue 51 class 1: ``-q gptq`` on a name alone left the weights unsized. The real
+    checkpoint is read from the Hub: its 3-bit layers are what vLLM 0.26 to 0.34 refuse
+    (``AutoGPTQConfig.TYPE_MAP`` holds 4 and 8 bits), so doctor refuses it as vLLM would,
+    from headers only."""
     line = ("vllm", "serve", "TheBloke/Wizard-Vicuna-30B-Uncensored-GPTQ", "-q", "gptq")
-    got = report(doctor("--json", "--", *line, **online))["model"]
-    assert got["quantization"] == "gptq 3-bit"
-    assert got["checkpoint_bytes"] == recorded_data_bytes("wizard-vicuna-30b-gptq")
-    assert got["device_weight_bytes_per_rank"] == pytest.approx(got["checkpoint_bytes"])
+    result = doctor("--json", "--", *line, **online)
+    assert result.returncode == 2, result.stderr
+    assert "quantization_config.bits 3 is not valid for gptq" in result.stderr
+    assert standin.downloads == []
 
 
 @pytest.mark.parametrize(

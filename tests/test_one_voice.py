@@ -33,8 +33,9 @@ from test_preflight import Records, capture, engine_config, sparse_27b
 from vllm_xpu_memfix.cli import doctor
 from vllm_xpu_memfix.cli.doctor import described, hostfile, vllmline
 from vllm_xpu_memfix.core import config
-from vllm_xpu_memfix.fixes import driver_env, preflight
+from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog
+from vllm_xpu_memfix.startup import host
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 pytest.importorskip("vllm")
@@ -183,7 +184,7 @@ def _installed_sym_int4(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     functions = [f for f in vars(module).values() if inspect.isfunction(f)]
     mine = [f for f in functions if f.__code__.co_filename == spec.origin]
     source = "\n".join(textwrap.dedent(inspect.getsource(f)) for f in mine)
-    monkeypatch.setattr(preflight, "installed_sym_int4", lambda: source)
+    monkeypatch.setattr(host, "installed_sym_int4", lambda: source)
 
 
 def preflight_says(

@@ -194,23 +194,6 @@ def _host_cause(outcome: Any) -> str:
     return max(host, key=lambda c: c.gib).code if host else outcome.main_cause
 
 
-def installed_sym_int4() -> str | None:
-    """The source of the sym_int4 module of the vLLM this process runs (Intel's images
-    ship one), found without importing it; None where there is none."""
-    import importlib.util
-
-    from vllm_xpu_memfix.core import files
-    from vllm_xpu_memfix.startup.host import SYM_INT4
-
-    try:
-        spec = importlib.util.find_spec(SYM_INT4)
-    except ImportError:
-        return None
-    if spec is None or not spec.origin:
-        return None
-    return files.read_text(spec.origin, files.LIST_CAP)
-
-
 def this_machine(
     settings: Settings, args: ServeArgs, ckpt: Any, environ: Mapping[str, str]
 ) -> tuple[HostFacts, Machine]:
@@ -221,7 +204,7 @@ def this_machine(
 
     facts = host.read(settings.sysroot, environ)
     device, _ = host.device_bytes(host.used_gpus(facts, args), args.device_memory_gib)
-    sym_int4 = installed_sym_int4()
+    sym_int4 = host.installed_sym_int4()
     legacy = host.legacy_load(environ, sym_int4)
     slots = host.load_slots(settings, args, legacy[0], facts.room, ckpt)
     machine = host.machine(

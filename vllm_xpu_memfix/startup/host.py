@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, files
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import catalog, driver
@@ -170,3 +170,17 @@ def machine(
         legacy_load=legacy_load,
         int4_layouts=int4_layouts,
     )
+
+
+def installed_sym_int4() -> str | None:
+    """The source of the sym_int4 module of the vLLM this process runs (Intel's images
+    ship one), found without importing it; None where there is none."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(SYM_INT4)
+    except ImportError:
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return files.read_text(spec.origin, files.LIST_CAP)
