@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_xpu_memfix.startup import kv_layout
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 
@@ -41,7 +42,17 @@ def serve_args(vllm_config: Any, not_modelled: tuple[str, ...] = ()) -> ServeArg
         distributed_executor_backend=_backend_name(parallel.distributed_executor_backend),
         cpu_offload_gb=float(getattr(offload, "cpu_offload_gb", 0) or 0),
         not_modelled=not_modelled,
+        kv_layout=_kv_layout(vllm_config),
     )
+
+
+def _kv_layout(vllm_config: Any) -> kv_layout.KvLayout | None:
+    """The KV cache as this configuration lays it out; None (config.json's rules then)
+    where this vLLM lacks a field the layout reads."""
+    try:
+        return kv_layout.from_vllm(vllm_config)
+    except (AttributeError, ImportError, NotImplementedError, TypeError, ValueError):
+        return None
 
 
 def _backend_name(backend: Any) -> str | None:

@@ -12,6 +12,25 @@ if TYPE_CHECKING:
     from vllm_xpu_memfix.startup import phases
 
 
+def kv_tokens(inp: phases.Inputs) -> int | None:
+    """The longest sequence one rank's KV cache holds, at most the judged context (or the
+    model's own), as vLLM sizes one sequence (``kv_layout.KvLayout.tokens_within``)."""
+    kv, layout = inp.kv_cache, inp.kv_layout
+    if kv is None or layout is None or not layout.allocates or not inp.weights_known:
+        return None
+    limit = inp.max_model_len or inp.model_max_len or 2**31 - 1
+    return layout.tokens_within(max(kv, 0.0), inp.tp, inp.kv_element_bytes, limit)
+
+
+def kv_shortfall(inp: phases.Inputs) -> float:
+    """Bytes one --max-model-len sequence needs beyond one rank's KV cache."""
+    layout = inp.kv_layout
+    if layout is None or inp.kv_cache is None or not inp.max_model_len:
+        return 0.0
+    need = layout.sequence_bytes(inp.max_model_len, inp.tp, inp.kv_element_bytes)
+    return max(0.0, need + layout.reserved(inp.tp, inp.kv_element_bytes) - inp.kv_cache)
+
+
 def short_context(inp: phases.Inputs) -> bool:
     """vLLM's check at KV cache allocation: one --max-model-len sequence must fit."""
     tokens = inp.kv_tokens

@@ -15,16 +15,10 @@ BLOCK = 16  # a --max-model-len remedy is rounded down to vLLM's KV block
 
 
 def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
-    """``inp`` at another TP size: each rank a share of the weights and KV heads."""
-    per_token = inp.kv_bytes_per_token
+    """``inp`` at another TP size: each rank a share of the weights and KV heads (the
+    KV layout splits them, as vLLM does)."""
     ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
-    return replace(
-        inp,
-        tp=tp,
-        ranks_here=ranks,
-        kv_bytes_per_token=None if per_token is None else per_token * inp.tp / tp,
-        gpus_in_context=max(ranks, inp.gpus_in_context),
-    )
+    return replace(inp, tp=tp, ranks_here=ranks, gpus_in_context=max(ranks, inp.gpus_in_context))
 
 
 def tp_sizes(inp: model.Inputs) -> list[int]:
@@ -119,12 +113,7 @@ def context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
                 codes.KV_CACHE_DTYPE,
                 "--kv-cache-dtype fp8",
                 "twice the tokens in the KV cache; a small accuracy cost",
-                replace(
-                    inp,
-                    kv_bytes_per_token=inp.kv_bytes_per_token / inp.kv_element_bytes,
-                    kv_element_bytes=1,
-                    kv_cache_dtype="fp8",
-                ),
+                replace(inp, kv_element_bytes=1, kv_cache_dtype="fp8"),
             )
         )
     return found
