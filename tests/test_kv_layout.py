@@ -152,21 +152,24 @@ def vllm_specs(vllm_config, block: int) -> dict:
     return {f"layers.{index}": spec for index, spec in specs.items()}
 
 
-def vllm_sequence_bytes(vllm_config, block: int, lengths) -> tuple[list[int], int]:
-    """vLLM's bytes for one sequence of each length, and its pool's bytes per block."""
-    from vllm.v1.core import kv_cache_utils
+def vllm_answers(vllm_config, block: int, lengths, budget: int) -> tuple[list[int], int, int]:
+    """vLLM's bytes for one sequence of each length, its pool's bytes per block, and the
+    longest sequence ``budget`` bytes hold (less the block the pool keeps back)."""
+    from vllm.v1.core import kv_cache_utils as utils
 
     vllm_config.cache_config.kv_cache_layout = "LBNHC"  # the engine core resolves one
-    groups = kv_cache_utils.get_kv_cache_groups(vllm_config, vllm_specs(vllm_config, block))
+    groups = utils.get_kv_cache_groups(vllm_config, vllm_specs(vllm_config, block))
     model, own = vllm_config.model_config, vllm_config.model_config.max_model_len
     found = []
     try:
         for length in lengths:
             model.max_model_len = length
-            found.append(kv_cache_utils._max_memory_usage_bytes_from_groups(vllm_config, groups))
+            found.append(utils._max_memory_usage_bytes_from_groups(vllm_config, groups))
     finally:
         model.max_model_len = own
-    return found, kv_cache_utils._pool_bytes_per_block(vllm_config, groups)
+    per_block = utils._pool_bytes_per_block(vllm_config, groups)
+    longest = utils._estimate_max_model_len_from_groups(vllm_config, groups, budget - per_block)
+    return found, per_block, longest
 
 
 GENERATING = [name for name, pooling in FAMILIES.items() if not pooling]
@@ -187,10 +190,13 @@ def test_the_layout_read_from_vllm_and_from_config_json_give_vllms_bytes(built, 
     )
     element = element_bytes(vllm_config)
     block = read.block(1, element)
-    expected, per_block = vllm_sequence_bytes(vllm_config, block, lengths)
+    budget = int(read.sequence_bytes(9000, 1, element) * 1.01)
+    expected, per_block, longest = vllm_answers(vllm_config, block, lengths, budget)
+    assert 1000 < longest < own
     for layout in (read, hand):
         assert [layout.sequence_bytes(n, 1, element) for n in lengths] == expected
         assert layout.reserved(1, element) == per_block
+        assert layout.tokens_within(budget, 1, element, own) == longest
 
 
 @pytest.mark.parametrize("name", GENERATING)
@@ -218,7 +224,7 @@ def test_without_the_hybrid_allocator_gemma3s_window_costs_full_attention(built)
     scheduler.disable_hybrid_kv_cache_manager = True
     try:
         read = kv_layout.from_vllm(vllm_config)
-        expected, _ = vllm_sequence_bytes(vllm_config, read.block_size, [32768])
+        expected, _, _ = vllm_answers(vllm_config, read.block_size, [32768], 2**30)
     finally:
         scheduler.disable_hybrid_kv_cache_manager = False
     assert not read.hybrid_allocator
@@ -254,6 +260,41 @@ def test_the_preflight_takes_the_layout_from_vllms_configuration(built):
     assert args.kv_layout == kv_layout.from_vllm(vllm_config)
     assert args.kv_layout.source == "vLLM's VllmConfig"
     assert sizing.kv_cache_layout(None, args, None) is args.kv_layout
+
+
+@pytest.mark.parametrize("length", [100, 50_000])
+def test_chunked_local_and_cross_attention_are_bounded_as_vllms_specs_bound_them(length):
+    """No family above has them: Llama-4-style 8192-token chunks, and Whisper large-v3's
+    decoder (20 KV heads of 64) over its 1,500 encoder tokens, against vLLM's classes."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, CrossAttentionSpec
+
+    engine = SimpleNamespace(
+        max_in_flight_tokens=2048,
+        model_config=SimpleNamespace(max_model_len=length),
+        scheduler_config=SimpleNamespace(max_num_encoder_input_tokens=1500),
+    )
+    chunked = ChunkedLocalAttentionSpec(
+        block_size=16,
+        num_kv_heads=8,
+        head_size=128,
+        dtype=torch.bfloat16,
+        attention_chunk_size=8192,
+    )
+    cross = CrossAttentionSpec(block_size=16, num_kv_heads=20, head_size=64, dtype=torch.float16)
+    for spec, layers in (
+        (chunked, kv_layout.Layers(kv_layout.CHUNKED, 1, kv_heads=8, width=256, window=8192)),
+        (cross, kv_layout.Layers(kv_layout.CROSS, 1, kv_heads=20, width=128, window=1500)),
+    ):
+        layout = kv_layout.KvLayout((layers,), in_flight=2048)
+        assert layout.sequence_bytes(length, 1, 2) == spec.max_memory_usage_bytes(engine)
+
+
+def test_a_configuration_without_the_fields_read_falls_back_to_config_json():
+    """Another vLLM's configuration (Intel's images run 0.26): no layout, never an error."""
+    older = SimpleNamespace(model_config=SimpleNamespace(runner_type="generate"))
+    assert engine_config._kv_layout(older) is None
 
 
 # --- the start-up model on what full-attention arithmetic judged wrong -------------------------

@@ -2,7 +2,7 @@
 
 - full attention and MLA keep every token: K and V of each KV head a rank holds
   (``max(1, heads // tp)``, ``ModelConfig.get_num_kv_heads``), or MLA's one latent of
-  ``kv_lora_rank + qk_rope_head_dim`` that every rank holds whole
+  ``kv_lora_rank + qk_rope_head_dim``, one "head" that every rank holds whole
   (``get_num_kv_heads`` returns 1; ``MLAAttentionSpec`` has no V);
 - sliding-window and chunked-local layers keep at most their window plus the tokens in
   flight (``SlidingWindowSpec`` / ``ChunkedLocalAttentionSpec.max_admission_blocks_per_
@@ -53,13 +53,11 @@ class Layers:
     kv_heads: int = 0
     width: int = 0
     window: int = 0
-    replicated: bool = False
     state_bytes: float = 0.0
 
     def token_bytes(self, tp: int, element: float) -> float:
         """One token of one layer on one rank."""
-        heads = self.kv_heads if self.replicated else max(1, self.kv_heads // tp)
-        return heads * self.width * element
+        return max(1, self.kv_heads // tp) * self.width * element
 
 
 @dataclass(frozen=True)
@@ -179,7 +177,8 @@ class KvLayout:
         return low
 
 
-def _int(section: dict[str, Any], *keys: str) -> int | None:
+def config_int(section: dict[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` that holds a positive integer."""
     for key in keys:
         value = section.get(key)
         if type(value) is int and value > 0:
@@ -206,13 +205,13 @@ def _layer_types(text: dict[str, Any], layers: int) -> list[str]:
     listed = text.get("layer_types")
     if isinstance(listed, list) and len(listed) == layers:
         return [str(kind) for kind in listed]
-    pattern = _int(text, "sliding_window_pattern")
+    pattern = config_int(text, "sliding_window_pattern")
     if pattern and text.get("sliding_window"):
         return [
             "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
             for i in range(layers)
         ]
-    interval = _int(text, "full_attention_interval")
+    interval = config_int(text, "full_attention_interval")
     if interval:
         return [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention"
@@ -225,9 +224,15 @@ def _layer_types(text: dict[str, Any], layers: int) -> list[str]:
 def _gated_delta_net_bytes(text: dict[str, Any], element: float) -> float | None:
     """A Qwen3-Next linear-attention layer's state at TP 1: the convolution state and the
     recurrent state (mamba_utils.py:MambaStateShapeCalculator.gated_delta_net_state_shape)."""
-    k_heads, v_heads = _int(text, "linear_num_key_heads"), _int(text, "linear_num_value_heads")
-    k_dim, v_dim = _int(text, "linear_key_head_dim"), _int(text, "linear_value_head_dim")
-    kernel = _int(text, "linear_conv_kernel_dim")
+    k_heads, v_heads = (
+        config_int(text, "linear_num_key_heads"),
+        config_int(text, "linear_num_value_heads"),
+    )
+    k_dim, v_dim = (
+        config_int(text, "linear_key_head_dim"),
+        config_int(text, "linear_value_head_dim"),
+    )
+    kernel = config_int(text, "linear_conv_kernel_dim")
     if not (k_heads and v_heads and k_dim and v_dim and kernel):
         return None
     conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1)
@@ -246,8 +251,8 @@ def from_config(
     """The layout from config.json alone (no vLLM): the same rules as ``from_vllm``.
     None where the sizes are missing."""
     text = text_config(config)
-    layers = _int(text, "num_hidden_layers")
-    heads = _int(text, "num_attention_heads")
+    layers = config_int(text, "num_hidden_layers")
+    heads = config_int(text, "num_attention_heads")
     if not layers or not heads:
         return None
     runner = runner_of(config, directory)
@@ -255,21 +260,20 @@ def from_config(
     encoder = text.get("model_type") in _ENCODERS or text.get("is_causal") is False
     if runner == "pooling" and encoder:
         return KvLayout((), **common)
-    kv_heads = _int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads") or heads
+    kv_heads = config_int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads") or heads
     head = (
-        _int(text, "head_dim", "hidden_size_per_head") or (_int(text, "hidden_size") or 0) // heads
+        config_int(text, "head_dim", "hidden_size_per_head")
+        or (config_int(text, "hidden_size") or 0) // heads
     )
-    rank = _int(text, "kv_lora_rank")
+    rank = config_int(text, "kv_lora_rank")
     attention = (
-        Layers(
-            FULL, 0, kv_heads=1, width=rank + (_int(text, "qk_rope_head_dim") or 0), replicated=True
-        )
+        Layers(FULL, 0, kv_heads=1, width=rank + (config_int(text, "qk_rope_head_dim") or 0))
         if rank
         else Layers(FULL, 0, kv_heads=kv_heads, width=2 * head)
     )
     types = _layer_types(text, layers)
-    window = _int(text, "sliding_window") or 0
-    chunk = _int(text, "attention_chunk_size") or 0
+    window = config_int(text, "sliding_window") or 0
+    chunk = config_int(text, "attention_chunk_size") or 0
     state = _gated_delta_net_bytes(text, state_element) or 0.0
     counts: dict[str, int] = {}
     for kind in types:
@@ -342,7 +346,7 @@ def from_vllm(vllm_config: Any) -> KvLayout:
     if model.attn_type == "encoder_only":
         return KvLayout((), **common)
     attention = (
-        Layers(FULL, 0, kv_heads=1, width=model.get_head_size(), replicated=True)
+        Layers(FULL, 0, kv_heads=1, width=model.get_head_size())
         if model.use_mla
         else Layers(
             FULL, 0, kv_heads=model.get_total_num_kv_heads(), width=2 * model.get_head_size()

@@ -122,13 +122,7 @@ def weight_format(ckpt: Checkpoint | None, args: ServeArgs) -> formats.Format:
     return formats.given(given) if given else formats.Format("", 2.0, False)
 
 
-def _config_int(section: dict[str, Any], *keys: str) -> int | None:
-    """The first of ``keys`` that holds a positive integer."""
-    for key in keys:
-        value = section.get(key)
-        if type(value) is int and value > 0:
-            return value
-    return None
+_config_int = kv_layout.config_int
 
 
 def _largest_from_config(config: dict[str, Any]) -> tuple[float, str]:
