@@ -1,7 +1,20 @@
 # vllm-xpu-memfix layered on Intel's vLLM serving image. Build the wheel, then the image:
 #   make wheel
-#   docker build -t llm-scaler-vllm-memfix .
-# The entry point stays the image's own (`vllm serve`); the plugin loads in every process.
+#   docker build --build-arg IMAGE=intel/llm-scaler-vllm:0.26.0-b2 -t vllm-memfix .
+# The entry point stays the image's own: llm-scaler's vllm/docker/Dockerfile (main at
+# 023e157, last line) sources oneAPI's and oneCCL's environment, then runs `vllm serve`
+# with the arguments after the image's name. The plugin loads in every vLLM process:
+#   docker run -d --name llm --device /dev/dri --shm-size 32g -p 8000:8000 \
+#     -v memfix-ledger:/ledger -e VLLM_XPU_MEMFIX_LEDGER_DIR=/ledger vllm-memfix MODEL -tp 2
+# --device /dev/dri: the GPUs; --shm-size: vLLM's workers share tensors through /dev/shm
+# (larger than Docker's default); the volume keeps the ledger (docs/ledger.md) for `report`.
+# The plugin's own commands need --entrypoint (else they become `vllm serve`'s arguments),
+# or docker exec in the running container; they read files, so no oneAPI environment:
+#   docker run --rm --device /dev/dri --entrypoint vllm-xpu-memfix vllm-memfix check
+#   docker run --rm --device /dev/dri -v memfix-ledger:/ledger \
+#     --entrypoint vllm-xpu-memfix vllm-memfix report --ledger /ledger
+#   docker exec llm vllm-xpu-memfix report --ledger /ledger
+# tests/test_release.py runs these command lines' arguments through the plugin's parser.
 ARG IMAGE=intel/llm-scaler-vllm:0.26.0-b2
 FROM ${IMAGE}
 

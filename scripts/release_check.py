@@ -6,8 +6,14 @@ Run with the test bed's Python after ``make wheel`` and ``twine check --strict``
    version of ``vllm_xpu_memfix.__version__`` (the tag's, with ``--tag``); the sdist carries
    the licence and the changelog and no tests (they need the checkout's conftest and data);
 2. a clean venv without vLLM: the wheel installs with its dependencies, every command's
-   ``--help`` runs, and ``doctor`` writes and judges this machine's file;
-3. the test bed: the wheel installed with ``--no-deps --target`` a scratch directory (the
+   ``--help`` runs, describes the command and fits 100 columns, ``doctor`` writes and judges
+   this machine's file, ``explain`` prints an entry with no pointer to a page the wheel
+   lacks and leaves quietly when its reader closes the pipe, and ``demo`` says in one line
+   what is missing and creates nothing;
+3. the changelog (Keep a Changelog): a tag needs its dated section, ``## [X.Y.Z] - DATE``,
+   which ``--notes-for vX.Y.Z`` prints for the GitHub Release; before it, the newest
+   section is ``[Unreleased]`` or the version's;
+4. the test bed: the wheel installed with ``--no-deps --target`` a scratch directory (the
    shared editable install is left alone), a real vLLM server started with that directory
    first on ``PYTHONPATH``, and the plugin's entry point seen loading from it in each process.
 """
@@ -40,6 +46,30 @@ print(p.__file__, ep.dist.locate_file(""))
 
 class ReleaseError(RuntimeError):
     """What makes the release unfit, in one line."""
+
+
+SECTION = re.compile(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?[ \t]*$", re.M)
+
+
+def changelog_notes(expected: str, tagged: bool, text: str | None = None) -> str:
+    """The changelog's section for release ``expected``, without its heading: on a tag,
+    ``[expected]`` with its date; before, the newest section, ``[Unreleased]`` or
+    ``[expected]``. Raises :class:`ReleaseError` where it is not there or empty."""
+    text = (ROOT / "CHANGELOG.md").read_text() if text is None else text
+    sections = list(SECTION.finditer(text))
+    if not sections:
+        raise ReleaseError("CHANGELOG.md has no `## [VERSION] - DATE` section")
+    wanted = [m for m in sections if m.group(1) == expected and (m.group(2) or not tagged)]
+    if not tagged and sections[0].group(1) == "Unreleased":
+        wanted = sections[:1]
+    if not wanted or (tagged and sections[0] is not wanted[0]):
+        need = f"## [{expected}] - YYYY-MM-DD" if tagged else f"[Unreleased] or [{expected}]"
+        raise ReleaseError(f"CHANGELOG.md's newest section is not {need}")
+    later = [m.start() for m in sections if m.start() > wanted[0].start()]
+    body = text[wanted[0].end() : later[0] if later else len(text)].strip()
+    if not body:
+        raise ReleaseError(f"CHANGELOG.md's section [{wanted[0].group(1)}] is empty")
+    return body
 
 
 def version() -> str:
@@ -136,7 +166,13 @@ def clean_venv_runs_the_cli(wheel: Path, python: str, scratch: Path, expected: s
         raise ReleaseError("vllm-xpu-memfix --help lists no commands")
     ran = ["--version", "--help"]
     for command in commands.group(1).split(","):
-        clean(cli, command, "--help")
+        shown = run([cli, command, "--help"], env={**env, "COLUMNS": "100"}, cwd=scratch)
+        described = shown.split("\n\n")[1] if "\n\n" in shown else ""
+        if described.startswith(("positional arguments", "options")) or not described:
+            raise ReleaseError(f"{command} --help describes nothing:\n{shown[:500]}")
+        wide = [line for line in shown.splitlines() if len(line) > 100]
+        if wide:
+            raise ReleaseError(f"{command} --help is wider than 100 columns: {wide[0]!r}")
         ran.append(f"{command} --help")
     host = str(scratch / "host.toml")
     clean(cli, "doctor", "--write-host", host)
@@ -147,10 +183,42 @@ def clean_venv_runs_the_cli(wheel: Path, python: str, scratch: Path, expected: s
     entry = clean(cli, "explain", "device_overcommit")
     if "device_overcommit" not in entry or len(entry.splitlines()) < 3:
         raise ReleaseError(f"explain printed no entry from the wheel:\n{entry[-500:]}")
+    for code in ("driver_host_copy", "process_baseline", "sampler_burst"):
+        if re.search(r"\]\((?![a-z]+://)", clean(cli, "explain", code)):
+            raise ReleaseError(f"explain {code} points at a page the wheel lacks")
+    closed = subprocess.Popen(
+        [cli, "explain"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=scratch
+    )
+    assert closed.stdout is not None
+    closed.stdout.close()  # the reader is gone before the first line, as `| head -0`
+    _, said = closed.communicate(timeout=120)
+    if b"Traceback" in said or closed.returncode != 141:
+        raise ReleaseError(
+            f"explain into a closed pipe exited {closed.returncode}: {said[-500:]!r}"
+        )
+    demo = subprocess.run(
+        [cli, "demo", "--workdir", "demo-here"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=scratch,
+    )
+    if demo.returncode != 2 or "vllm" not in demo.stderr or len(demo.stderr.splitlines()) != 1:
+        raise ReleaseError(f"demo without vLLM exited {demo.returncode}: {demo.stderr[-500:]}")
+    if (scratch / "demo-here").exists():
+        raise ReleaseError("demo without vLLM created its directory")
     report = clean(cli, "report")
     if "vllm-xpu-memfix" not in report or "not installed" not in report:
         raise ReleaseError(f"report without vLLM did not say so:\n{report[-500:]}")
-    return [*ran, "doctor --write-host", "doctor --host", "explain CODE", "report"]
+    return [
+        *ran,
+        "doctor --write-host",
+        "doctor --host",
+        "explain CODE",
+        "explain into a closed pipe",
+        "demo without vLLM",
+        "report",
+    ]
 
 
 def serve_with_the_wheel(wheel: Path, scratch: Path, expected: str) -> list[str]:
@@ -191,14 +259,28 @@ def serve_with_the_wheel(wheel: Path, scratch: Path, expected: str) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dist", type=Path, help="directory holding the sdist and the wheel")
+    parser.add_argument(
+        "dist",
+        type=Path,
+        nargs="?",
+        default=ROOT / "dist",
+        help="the sdist's and wheel's directory",
+    )
     parser.add_argument("--tag", help="the release's git tag (vX.Y.Z): must name the version")
     parser.add_argument("--python", default="python3", help="Python for the clean venv")
+    parser.add_argument(
+        "--notes", action="store_true", help="only print the changelog's notes for --tag"
+    )
     args = parser.parse_args(argv)
     expected = version()
     try:
         if args.tag is not None and args.tag != f"v{expected}":
             raise ReleaseError(f"tag {args.tag} does not name version {expected}")
+        notes = changelog_notes(expected, tagged=args.tag is not None)
+        if args.notes:
+            print(notes)
+            return 0
+        print(f"release-check: CHANGELOG.md has the notes ({len(notes.splitlines())} lines)")
         sdist, wheel = artifacts(args.dist.resolve())
         problems = wheel_problems(wheel, expected) + sdist_problems(sdist, expected)
         if problems:

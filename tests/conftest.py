@@ -8,6 +8,10 @@ import pytest
 
 from vllm_xpu_memfix.cli.demo.server import Server
 
+# No test reaches the Hugging Face Hub: doctor and the preflight ask it for a model that is
+# not at hand, so the suite runs offline; tests/test_hub.py gives its own stand-in Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -21,6 +25,21 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vllm_xpu_memfix.cli.demo.tiny_model import SMALL, make_model
 
     return make_model(tmp_path_factory.mktemp("small-model"), SMALL)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def ledger_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The plugin's default ledger directory is under $XDG_CACHE_HOME: every process the
+    suite starts writes there, never into the developer's cache. vLLM's and the Hub's
+    caches stay where they were."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    kept = {"VLLM_CACHE_ROOT": str(home / "vllm"), "HF_HOME": str(home / "huggingface")}
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in kept.items():
+            env.setenv(name, os.environ.get(name, value))
+        cache = tmp_path_factory.mktemp("xdg-cache")
+        env.setenv("XDG_CACHE_HOME", str(cache))
+        yield cache / "vllm-xpu-memfix" / "ledger"
 
 
 # Variables the Intel driver reads: a test that leaves one changed in os.environ changes

@@ -889,9 +889,9 @@ def test_check_reports_an_unreadable_target_module_in_one_line(content, reason, 
     result = cli("check", "--source", str(tmp_path / "src"), cwd=tmp_path)
     assert (result.returncode, result.stderr) == (0, "")
     rows = result.stdout.splitlines()
-    (at,) = [i for i, line in enumerate(rows) if line.startswith("unreadable: ")]
+    (at,) = [i for i, line in enumerate(rows) if line.startswith("unreadable:")]
     more = itertools.takewhile(lambda row: row.startswith("    "), rows[at + 1 :])
-    line = " ".join([rows[at], *(row.strip() for row in more)])  # wrapped at 160
+    line = " ".join([rows[at], *(row.strip() for row in more)])  # wrapped at 100
     assert line.startswith(f"unreadable: {module}: ") and reason in line
     assert result.stdout.count("unreadable (see below)") == 4  # 3 warm-ups, 1 removal rule
 

@@ -444,7 +444,8 @@ def test_an_empty_or_missing_model_is_one_line(tmp_path):
         "give it with --params (e.g. --params 8B) or pass a directory that holds the weights"
     )
     assert refused(doctor(str(tmp_path / "nope" / "x"))) == (
-        f"doctor: {tmp_path / 'nope' / 'x'} is not a directory"
+        f"doctor: {tmp_path / 'nope' / 'x'}: its format and size are unknown (it is not on "
+        "this machine); pass a local path, or the model's size with --params (e.g. --params 8B)"
     )
     no_tensors = model_dir(tmp_path, with_header({"__metadata__": {}}, 0))
     assert refused(doctor(str(no_tensors))) == (
@@ -596,12 +597,13 @@ def test_without_tensor_headers_the_staged_layer_comes_from_the_config(tmp_path)
     assert got["model"]["device_weight_bytes_per_rank"] == pytest.approx(packed)
 
 
-def test_an_id_with_only_config_cached_needs_params(tmp_path):
+def test_an_id_with_only_config_cached_offline_is_unknown_unless_params_give_it(tmp_path):
     cache = hf_cache(tmp_path / "hub", {"config.json": CONFIG})
     snapshot = cache / "models--Org--Tiny-Model/snapshots" / REVISION
     assert refused(doctor(REPO, HF_HUB_CACHE=str(cache))) == (
-        f"doctor: {REPO} holds no *.safetensors files, so the model's size is unknown; "
-        "give it with --params (e.g. --params 8B) or pass a directory that holds the weights"
+        f"doctor: {REPO}: its format and size are unknown (the Hugging Face cache lacks its "
+        "weights' headers; HF_HUB_OFFLINE is set, so the Hub is not asked); pass a local "
+        "path, or the model's size with --params (e.g. --params 8B)"
     )
     got = report(doctor(REPO, "--json", "--params", "8B", HF_HUB_CACHE=str(cache)))
     assert got["model"]["checkpoint_bytes"] == 8 * 10**9 * 2, "bfloat16 from config.json"
@@ -613,16 +615,18 @@ def test_an_id_with_only_config_cached_needs_params(tmp_path):
     )
 
 
-def test_an_id_not_in_the_cache_is_one_line_saying_how_to_give_the_size(tmp_path):
+def test_an_id_offline_and_not_in_the_cache_is_unknown_in_one_line(tmp_path):
     cache = tmp_path / "hub"
     cache.mkdir()
     assert refused(doctor("Qwen/Qwen3-8B", HF_HUB_CACHE=str(cache))) == (
-        f"doctor: Qwen/Qwen3-8B is not a local directory and is not in the Hugging Face cache "
-        f"({cache}); pass a local path, or the model's size with --params (e.g. --params 8B)"
+        "doctor: Qwen/Qwen3-8B: its format and size are unknown (Qwen/Qwen3-8B is not a local "
+        f"directory and is not in the Hugging Face cache ({cache}); HF_HUB_OFFLINE is set, so "
+        "the Hub is not asked); pass a local path, or the model's size with --params "
+        "(e.g. --params 8B)"
     )
     got = report(doctor("Qwen/Qwen3-8B", "--json", "--params", "8.2B", HF_HUB_CACHE=str(cache)))
     assert got["model"]["checkpoint_bytes"] == 8_200_000_000 * 2
-    assert got["model"]["model"] == "Qwen/Qwen3-8B (not in the Hugging Face cache)"
+    assert got["model"]["model"] == "Qwen/Qwen3-8B (neither at hand nor read from the Hub)"
     assert got["notes"][:2] == ["could not see config.json", "could not see the weights"]
 
 
@@ -656,9 +660,10 @@ def test_without_huggingface_hub_an_id_is_one_line(tmp_path):
     (stub / "__init__.py").write_text("raise ImportError('no huggingface_hub here')\n")
     line = refused(doctor(REPO, PYTHONPATH=f"{stub.parent}:{os.environ.get('PYTHONPATH', '')}"))
     assert line == (
-        f"doctor: {REPO} is not a local directory, and huggingface_hub (installed with vLLM) "
-        "is not importable here to look it up in the Hugging Face cache; pass a local path, "
-        "or the model's size with --params (e.g. --params 8B)"
+        f"doctor: {REPO}: its format and size are unknown ({REPO} is not a local directory, "
+        "and huggingface_hub (installed with vLLM) is not importable here to look it up in "
+        "the Hugging Face cache); pass a local path, or the model's size with --params "
+        "(e.g. --params 8B)"
     )
 
 

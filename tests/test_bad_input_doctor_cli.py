@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from helpers.odd_files import fifo, within
+from helpers.own_parser import own_parser
 from hosts import B70, build_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,7 +46,8 @@ FEW = settings(
 
 def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of ``main(argv)`` in this process, argparse's exits
-    included; the environment is a clean one (no plugin variable, no Hugging Face cache)."""
+    included; the environment is a clean one (no plugin variable, no Hugging Face cache);
+    doctor's own serve-line parser, as without vLLM (its tests are these)."""
     out, err = io.StringIO(), io.StringIO()
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_XPU_MEMFIX", "HF_"))}
     saved = dict(os.environ)
@@ -54,7 +56,7 @@ def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
         {**clean, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": "/nonexistent", **(env or {})}
     )
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), own_parser():
             try:
                 code = main(list(argv))
             except SystemExit as exc:

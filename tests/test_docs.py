@@ -159,15 +159,20 @@ def test_the_link_check_sees_a_dead_link(tmp_path):
     assert _links(page) == ["missing.md"]
 
 
-def test_check_md_shows_every_patch_target_of_every_fix():
+def test_check_md_shows_check_s_output_and_points_at_every_target():
+    """docs/check.md shows check's output as check prints it (each shown target line is
+    the test bed's); every target of every fix is in docs/compat.md, whose rows
+    tests/test_compat.py holds to check's targets."""
     from vllm_xpu_memfix import fixes
 
     shown = (ROOT / "docs" / "check.md").read_text()
-    # A platform worker's own method is patched (and shown) only where that class defines it.
+    assert "[compat.md](compat.md)" in shown
+    lines = [line for line in shown.splitlines() if line.startswith("  present  ")]
     patches = fixes.all_patches(config.load({}))
-    targets = {(p.fix, p.target) for p in patches if not p.own_only}
-    missing = sorted(t for t in targets if not re.search(rf"{t[0]} .* {re.escape(t[1])} ", shown))
-    assert targets and missing == [], f"docs/check.md's output lacks: {missing}"
+    assert lines and {line.split()[1] for line in lines} <= {p.target for p in patches}
+    compat = (ROOT / "docs" / "compat.md").read_text()
+    missing = [p.target for p in patches if not p.own_only and f"`{p.target}`" not in compat]
+    assert missing == []
 
 
 def _blocks(text: str, language: str) -> list[str]:
@@ -208,6 +213,7 @@ def test_the_readme_doctor_examples_run_and_print_what_the_readme_shows(tmp_path
     assert len(commands) == 3, commands
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_XPU_MEMFIX", "HF_"))}
     env["HF_HUB_CACHE"] = str(tmp_path / "empty-hub")
+    env["HF_HUB_OFFLINE"] = "1"  # the Hub is never asked: --params gives the size
     outputs = {}
     for command in commands:
         argv = shlex.split(command)[1:]
@@ -228,8 +234,10 @@ def test_the_readme_doctor_examples_run_and_print_what_the_readme_shows(tmp_path
 
 
 # README, CONTRIBUTING and docs/, less the research notes, the patches and the generated
-# compat table: what a user or contributor may have to read (issue 37, part 3).
-DOCS_BUDGET = 110_000
+# compat table: what a user or contributor may have to read (issue 37, part 3; raised from
+# 110,000 for issues 51-53: where doctor's inputs come from, report's contents, the CLI in a
+# container).
+DOCS_BUDGET = 118_000
 USER_DOCS = {
     "README.md",  # the index
     "guide.md",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.own_parser import COMMAND
 
 from vllm_xpu_memfix.cli.doctor import facts, hostfile, serveline
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -39,7 +40,7 @@ def doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         and k not in ("NEOReadDebugKeys", "EnableDeferBacking")
     }
     return subprocess.run(
-        [sys.executable, "-m", "vllm_xpu_memfix.cli", "doctor", *args],
+        [*COMMAND, "doctor", *args],
         env={**base, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": "/nonexistent", **env},
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.own_parser import own_parser
 from hosts import qwen_27b_like
 
 from vllm_xpu_memfix import cli
@@ -74,7 +75,7 @@ def machine(
 
 def judge(host: str, *serve: str) -> dict[str, Any]:
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), own_parser():
         code = cli.main(["doctor", "--host", host, "--json", "--", "vllm", "serve", *serve])
     assert code == 0, err.getvalue()
     return json.loads(out.getvalue())
@@ -297,7 +298,7 @@ def test_the_json_keeps_todays_keys_and_adds_the_phase_model(tmp_path, qwen):
     old = {"host", "gpus", "environment", "plugin", "model", "per_rank", "total", "verdict",
            "main_cause", "notes"}  # fmt: skip
     new = {"fails_at", "phases", "causes", "remedies", "assumed", "not_modelled", "machine",
-           "why", "host_judged", "device_judged", "not_helping"}  # fmt: skip
+           "why", "host_judged", "device_judged", "not_helping", "serve_line"}  # fmt: skip
     assert set(report) == old | new
     assert report["verdict"] in codes.VERDICTS
     assert list(report["phases"]) == list(codes.PHASES)

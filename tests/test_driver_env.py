@@ -780,7 +780,7 @@ def findings_from(out: str, head: str) -> list[str]:
         indent = len(line) - len(line.lstrip())
         if found and indent <= base:
             break
-        assert len(line) <= 160, line
+        assert len(line) <= 100, line
         if found and indent >= found[-1][0] + 4:
             found[-1] = (found[-1][0], f"{found[-1][1]} {line.strip()}")
         else:
@@ -814,7 +814,7 @@ def test_check_and_doctor_show_the_decision_the_guard_makes(
 ):
     """One host, three readers: driver_env.decide, `check` and `doctor` (text and JSON)
     give the same findings, #916's warning included on the older kernel: the text a
-    finding a line (wrapped at 160), the JSON in one string."""
+    finding a line (wrapped at 100), the JSON in one string."""
     import json
 
     from vllm_xpu_memfix.cli import main

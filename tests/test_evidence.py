@@ -427,10 +427,18 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         "sparse 27B BF16, TP 8, sysroot: 1,000x | added",
         f"{SPARSE}: 1x B70, 64 MiB dpkg status | added",
     ],
+    "preflight 1": ["TINY | ratio", "SMALL | ratio", "ONE_B | ratio"],
     "doctor's assumptions 0": [
         "worker at start | RSS",
         "worker / process start | RssAnon",
         "instance at ready less its KV cache",
+    ],
+    "doctor's assumptions 1": [
+        "doctor, vLLM's parser | median s",
+        "import vllm.engine.arg_utils | median s",
+        "doctor, its own parser | median s",
+        "doctor, vLLM's parser | median peak",
+        "doctor, its own parser | median peak",
     ],
 }
 
@@ -522,7 +530,8 @@ def _settings() -> dict[tuple[str, str], float]:
 
     from vllm_xpu_memfix.cli import monitor
     from vllm_xpu_memfix.cli.demo import server
-    from vllm_xpu_memfix.cli.doctor import hostfile, serveline
+    from vllm_xpu_memfix.cli.doctor import facts, hostfile, serveline
+    from vllm_xpu_memfix.fixes import preflight
     from vllm_xpu_memfix.intel import catalog
     from vllm_xpu_memfix.startup import phases
 
@@ -535,6 +544,8 @@ def _settings() -> dict[tuple[str, str], float]:
         ("doctor.md", "1 MiB"): hostfile.HOST_FILE_CAP / MiB,
         ("doctor.md", "20 GiB"): (serveline._human("20G") or 0) / GiB,  # how "20G" reads
         ("doctor.md", "8 GB"): value(re.findall(r"(\d+) GB A770", a770.note)[0]),
+        ("doctor.md", "30 s"): facts.HUB_DEADLINE,
+        ("doctor.md", "5 s"): preflight.HUB_DEADLINE,
         ("ledger.md", "1 GiB"): value(server.CPU_DEFAULT_ENV["VLLM_CPU_KVCACHE_SPACE"]),
         ("ledger.md", "0.5 s"): interval,
     }

@@ -1,4 +1,5 @@
-"""One voice: doctor (a serve line and a described machine, ``--host``) and the preflight
+"""One voice: doctor (a serve line read by vLLM's parser and configuration, as doctor reads
+it where vLLM is installed, and a described machine, ``--host``) and the preflight
 (vLLM's own ``create_engine_config`` in-process, the same machine as a sysroot tree) give
 the same verdict, failing phase and side, and main cause over a corpus of lines and
 machines (issue 46, item 5).
@@ -30,7 +31,7 @@ from hosts import B60, B70, add_igpu, build_host
 from test_preflight import Records, capture, engine_config, sparse_27b
 
 from vllm_xpu_memfix.cli import doctor
-from vllm_xpu_memfix.cli.doctor import described, hostfile, serveline
+from vllm_xpu_memfix.cli.doctor import described, hostfile, vllmline
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.fixes import driver_env, preflight
 from vllm_xpu_memfix.intel import catalog
@@ -119,6 +120,9 @@ CORPUS = {
     "a flag not modelled, one B70": Case(
         ("--enforce-eager",), {"enforce_eager": True}, Machine((B70,))
     ),
+    "a flag that could lower the load, one B70": Case(
+        ("--disable-custom-all-reduce",), {"disable_custom_all_reduce": True}, Machine((B70,))
+    ),
     "iGPU first in PCI order, one B60": Case((), {}, Machine((B60,), 24, igpu=True)),
     "iGPU beside a B60, TP 2": Case(
         ("-tp", "2"), {"tensor_parallel_size": 2}, Machine((B60,), 24, igpu=True)
@@ -142,7 +146,17 @@ CORPUS = {
 
 
 def doctor_says(case: Case, model: Path) -> tuple[str, object, str]:
-    args = serveline.parse(["vllm", "serve", str(model), *case.line, *PINNED], ServeArgs(None))
+    """doctor's path where vLLM is installed: vLLM's parser and configuration (vllmline)."""
+    if "sym_int4" in case.line:
+        import sym_int4_replay
+
+        sym_int4_replay.register()  # as Intel's images register it, before vLLM reads -q
+    line = ["vllm", "serve", str(model), *case.line, *PINNED]
+    version = vllmline.installed()
+    assert version is not None
+    reading = vllmline.read(line, {}, version)
+    assert reading.configuration.startswith("built by vLLM"), reading.configuration
+    args = reading.args
     machine = hostfile.parse(tomllib.loads(case.machine.host_file()), "host.toml")
     out = doctor.outcome_for(described.measurement(machine, args), args)
     return out.verdict, out.fails_at, out.main_cause

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_memfix.core.patching import Patch, Patcher, State
+from vllm_xpu_memfix.core.patching import Patch, Patcher, State, vllm_version
 
 SOURCE = textwrap.dedent(
     """
@@ -177,3 +177,34 @@ def test_reverting_before_the_import_cancels_the_patch(fake_module):
     module = importlib.import_module(fake_module)
     assert module.helper(1) == 2, "a reverted patch must not apply when its module is imported"
     assert patcher.state(patch.key)[0] is State.REVERTED
+
+
+def test_a_patch_whose_module_is_not_in_its_package_says_so_once_at_install(
+    tmp_path, monkeypatch, caplog
+):
+    """A package on disk, imported, that lacks the target's module (vLLM 0.26 has no
+    ``entrypoints.launchers``): one DEBUG line at install, nothing imported; its sibling
+    that exists stays silent and applies on import."""
+    name = f"memfix_pkg_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name / "sub").mkdir(parents=True)
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "sub" / "__init__.py").write_text("")
+    (tmp_path / name / "sub" / "here.py").write_text("def f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module(name)
+    absent = Patch("demo", f"{name}.gone.entry:f", tagging("x"), optional=True)
+    present = Patch("demo", f"{name}.sub.here:f", tagging("y"), optional=True)
+    patcher = Patcher()
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_memfix"):
+        patcher.install_all((absent, present))
+    said = [r.getMessage() for r in caplog.records if "will not be patched" in r.getMessage()]
+    assert said == [
+        f"vllm-xpu-memfix: fix demo: {name}.gone.entry:f will not be patched: module "
+        f"{name}.gone.entry is not in vLLM {vllm_version()}"
+    ]
+    assert f"{name}.sub" not in sys.modules and f"{name}.sub.here" not in sys.modules
+    assert patcher.state(absent.key) == (State.WAITING, said[0].rsplit(": ", 1)[1])
+    assert importlib.import_module(f"{name}.sub.here").f() == ("y", 1)
+    assert patcher.state(present.key) == (State.APPLIED, "")
+    for module in [m for m in sys.modules if m.startswith(name)]:
+        sys.modules.pop(module)

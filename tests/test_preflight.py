@@ -21,6 +21,7 @@ from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.numbers import ConfigError
 from vllm_xpu_memfix.core.patching import Patcher, State
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.fixes import preflight
 
 LINE = "vllm-xpu-memfix preflight:"
@@ -251,7 +252,8 @@ def _oom_scene(tmp_path: Path, rows: list[dict[str, object]], extra: str = "") -
     settings = config.load(
         {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger)}
     )
-    text = "".join(json.dumps(r) + "\n" for r in rows) + extra
+    # Rows of this start-up: those of another carry another identity (test_start_identity).
+    text = "".join(json.dumps({"start": start_identity(), **r}) + "\n" for r in rows) + extra
     (ledger / "ledger-h-7.jsonl").write_text(text)
     judged = preflight.Judgement("", "at risk", "driver_host_copy", 2, started=100.0)
     return host, ledger, settings, judged
@@ -435,15 +437,30 @@ def test_what_vllm_resolved_is_judged_and_these_start_ups_are_not_refused(
     assert "WILL" not in _line(records)
 
 
-def test_a_flag_the_model_does_not_cover_caps_the_verdict_and_never_refuses(
+def test_enforce_eager_cannot_rescue_a_load_failure_and_refuse_refuses_it(
     b70_27b, monkeypatch, records, clean_env
 ):
-    """--enforce-eager changes device memory the model does not size (startup.domain):
-    the device verdict is at most at risk, and refuse lets it start."""
+    """--enforce-eager (on most of Intel's serve lines) only changes what runs after the
+    weights are placed (startup.reach): the 27B BF16's weights alone above the B70 still
+    fail at load, and refuse stops the start-up, naming the flag."""
     host, model = b70_27b
-    engine_config(model, _refuse(host), monkeypatch, enforce_eager=True)
+    with pytest.raises(preflight.PreflightRefused) as refused:
+        engine_config(model, _refuse(host), monkeypatch, enforce_eager=True)
+    assert "WILL RUN OUT OF MEMORY at load on the device" in str(refused.value)
+    debug = [line for line in records.lines() if "preflight json" in line]
+    why = json.loads("".join(line.split(": ", 1)[1] for line in debug))["why"]
+    assert why.endswith("--enforce-eager set, which cannot lower the load phase")
+
+
+def test_a_flag_that_could_lower_the_failing_phase_caps_the_verdict_and_never_refuses(
+    b70_27b, monkeypatch, records, clean_env
+):
+    """--disable-custom-all-reduce's buffers are not settled from vLLM's code (any phase,
+    either way): the load failure is at most at risk, and refuse lets it start."""
+    host, model = b70_27b
+    engine_config(model, _refuse(host), monkeypatch, disable_custom_all_reduce=True)
     line = _line(records)
-    assert line.startswith(f"{LINE} AT RISK") and "--enforce-eager" in line
+    assert line.startswith(f"{LINE} AT RISK") and "--disable-custom-all-reduce can lower" in line
 
 
 def test_a_nan_in_config_json_keeps_the_config(b70_27b, monkeypatch, records, clean_env):
@@ -506,3 +523,19 @@ def test_the_devices_level_zero_enumerates(tmp_path, environ, devices):
     assert [(gpu.card, gpu.tile) for gpu in seen] == devices
     if environ.get("ZE_AFFINITY_MASK") == "0.1":
         assert seen[0].vram_bytes == 32 * 2**30, "one tile's memory, not the card's two"
+
+
+def test_on_the_cpu_backend_a_flag_that_cannot_lower_the_failing_phase_is_refused(
+    tiny_model, tmp_path, monkeypatch, records, clean_env
+):
+    """0.5 GiB cannot hold the 1 GiB KV cache: more renderer processes only add host
+    memory (startup.reach), so refuse still stops it; a multimodal processor cache of
+    unsettled effect makes it uncertain, and it starts."""
+    tight = build_host(tmp_path / "tight", [], mem_available_gib=0.5)
+    with pytest.raises(preflight.PreflightRefused, match="at kv_cache on the host"):
+        engine_config(
+            tiny_model, _refuse(tight), monkeypatch, platform=None, renderer_num_workers=2
+        )
+    engine_config(tiny_model, _refuse(tight), monkeypatch, platform=None, mm_processor_cache_gb=8)
+    last = [line for line in records.lines(logging.INFO) if line.startswith(LINE)][-1]
+    assert last.startswith(f"{LINE} AT RISK") and "--mm-processor-cache-gb not modelled" in last

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.own_parser import COMMAND
 
 try:
     import tomllib
@@ -310,7 +311,7 @@ def with_serve_changes(tokens: list[str], changes: dict[str, Any]) -> list[str]:
 def run_doctor(host_file: Path, params: str, tokens: list[str], home: Path) -> dict[str, Any]:
     argv = ["doctor", "--host", str(host_file), "--json", "--params", params, "--", *tokens]
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_xpu_memfix.cli", *argv],
+        [*COMMAND, *argv],
         env=clean_env(home),
         capture_output=True,
         text=True,

@@ -30,12 +30,14 @@ ray = pytest.importorskip("ray", reason="ray is not installed (it is in the `tes
 from helpers.ray_actors import VllmWorkerStandIn  # noqa: E402
 
 from vllm_xpu_memfix.core.log import LIMIT  # noqa: E402
+from vllm_xpu_memfix.core.process import START_VARIABLE  # noqa: E402
 from vllm_xpu_memfix.fixes.driver_env import GUARD_ENV  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER_PATH = os.pathsep.join([str(REPO), str(REPO / "tests")])
 GUARD_LINE = "set NEOReadDebugKeys=1 EnableDeferBacking=0 in this"
 UNSET = {"NEOReadDebugKeys": None, "EnableDeferBacking": None}
+RAY_START = "4242-777-abcdef"
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
     pytest.mark.server,  # a real Ray cluster: slow, so out of `make test-fast`
@@ -248,6 +250,8 @@ def one_engine(ray_cluster, hosts, tmp_path_factory) -> dict:
         "VLLM_XPU_MEMFIX_LOCK_DIR": str(lock_dir),
         "VLLM_XPU_MEMFIX_WARMUP_SCOPE": "instance",
         "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir),
+        # The start-up's identity, as vLLM 0.32's Ray executors copy the driver's VLLM_*.
+        START_VARIABLE: RAY_START,
     }
     ranks = [start(f"vllm_Worker_{engine}_TP{r}", hosts["4x B70"], env) for r in (0, 1)]
     registered = ray.get([r.register.remote() for r in ranks], timeout=240)
@@ -287,6 +291,7 @@ def test_each_ray_worker_writes_its_own_ledger_file(one_engine):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         assert [r["phase"] for r in rows] == ["weights loaded", "weights processed"]
         assert {r["role"] for r in rows} == {"ray_worker"}
+        assert {r["start"] for r in rows} == {RAY_START}, "the driver's start-up, not a new one"
         assert {r["pid"] for r in rows} == {int(path.stem.rsplit("-", 1)[1])}
 
 

@@ -99,9 +99,33 @@ def test_the_version_is_written_once():
     dynamic = PYPROJECT["tool"]["setuptools"]["dynamic"]["version"]
     assert dynamic == {"attr": "vllm_xpu_memfix.__version__"}
     assert release_check.version() == vllm_xpu_memfix.__version__
-    changelog = (ROOT / "CHANGELOG.md").read_text()
-    newest = re.search(r"^## (\S+)", changelog, flags=re.M)
-    assert newest is not None and newest.group(1) == vllm_xpu_memfix.__version__
+    assert release_check.changelog_notes(vllm_xpu_memfix.__version__, tagged=False)
+
+
+def test_the_changelog_is_keep_a_changelog_and_a_tag_needs_its_dated_section():
+    """Before the tag, [Unreleased] is the newest section; the tag needs `## [X.Y.Z] -
+    DATE` first, whose body becomes the GitHub Release's notes. Every command and fix is
+    in the notes of the release that brings it."""
+    from vllm_xpu_memfix.cli import build_parser
+    from vllm_xpu_memfix.core import config
+
+    version = vllm_xpu_memfix.__version__
+    notes = release_check.changelog_notes(version, tagged=False)
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name in [*commands, *(fix.key for fix in config.FIXES)]:
+        assert f"`{name}`" in notes, name
+    with pytest.raises(release_check.ReleaseError, match=r"\[0\.1\.0\] - YYYY-MM-DD"):
+        release_check.changelog_notes("0.1.0", tagged=True, text="## [Unreleased]\n\n- x\n")
+    dated = (
+        "## [Unreleased]\n\n## [0.1.0] - 2026-12-06\n\n### Added\n\n- x\n\n"
+        "## [0.0.9] - 2026-01-01\n- y\n"
+    )
+    with pytest.raises(release_check.ReleaseError, match="newest section"):
+        release_check.changelog_notes("0.1.0", tagged=True, text=dated)
+    released = dated.replace("## [Unreleased]\n\n", "")
+    assert release_check.changelog_notes("0.1.0", tagged=True, text=released) == "### Added\n\n- x"
+    with pytest.raises(release_check.ReleaseError, match="is empty"):
+        release_check.changelog_notes("0.1.0", tagged=False, text="## [Unreleased]\n")
 
 
 def test_a_tag_must_name_the_version(capsys):
@@ -163,28 +187,57 @@ def test_the_dockerfile_install_step_runs_on_the_test_beds_python(built, tmp_pat
 
 
 def test_make_test_runs_the_release_check_and_the_workflow_runs_it_on_a_tag():
+    """On a tag the workflow runs `make test` (release-check with the tag among it) before
+    it publishes, gives each job only the permissions it uses, and makes the GitHub
+    Release from the changelog's notes."""
     makefile = (ROOT / "Makefile").read_text()
     (test_prerequisites,) = re.findall(r"^test: (.+)$", makefile, flags=re.M)
     assert "release-check" in test_prerequisites.split()
     workflow = (ROOT / ".github" / "workflows" / "release.yml").read_text()
     assert re.search(r"^\s+tags: \[\"v\*\"\]$", workflow, flags=re.M)
-    assert "make release-check RELEASE_TAG=${{ github.ref_name }}" in workflow
-    assert "id-token: write" in workflow and "pypa/gh-action-pypi-publish" in workflow
+    assert re.search(r"^permissions: \{\}$", workflow, flags=re.M)
+    after = workflow.split("\njobs:\n", 1)[1]
+    jobs = dict(re.findall(r"^  ([\w-]+):\n(.*?)(?=^  [\w-]+:\n|\Z)", after, re.M | re.S))
+    assert list(jobs) == ["build", "publish", "github-release"]
+    granted = {
+        name: dict(re.findall(r"^      ([\w-]+): (\w+)$", body.split("steps:")[0], re.M))
+        for name, body in jobs.items()
+    }
+    assert granted == {
+        "build": {"contents": "read"},
+        "publish": {"id-token": "write"},
+        "github-release": {"contents": "write"},
+    }
+    assert "make test RELEASE_TAG=${{ github.ref_name }}" in jobs["build"]
+    assert "needs: build" in jobs["publish"] and "pypa/gh-action-pypi-publish" in jobs["publish"]
+    assert "needs: publish" in jobs["github-release"]
+    assert "release_check.py --notes --tag" in jobs["github-release"]
+    assert "gh release create" in jobs["github-release"] and "Attestations" in workflow
 
 
-def test_the_readme_links_work_on_the_package_index():
-    """The index page resolves no relative link: each README link is the project's URL and
-    names a file (and section) of this repository."""
+def test_the_readme_links_name_files_of_this_source_and_no_invented_url():
+    """No repository is public yet: the metadata names no URL (a Homepage would name one
+    that does not exist), and each README link is a file (and section) of this source
+    tree, which a clone or a source archive has."""
     from test_docs import anchors
 
-    home = PYPROJECT["project"]["urls"]["Homepage"]
+    assert "urls" not in PYPROJECT["project"]
     links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
     assert links
     for link in links:
-        assert link.startswith(f"{home}/blob/main/"), link
-        path, _, anchor = link.removeprefix(f"{home}/blob/main/").partition("#")
+        assert "://" not in link, link
+        path, _, anchor = link.partition("#")
         assert (ROOT / path).is_file(), link
         assert not anchor or anchor in anchors(ROOT / path), link
+
+
+def test_the_development_tools_are_a_dependency_group_not_an_extra():
+    """PEP 735: ruff, mypy and pytest are in the `test` group, which setup.sh installs;
+    the published metadata offers only the plot extra."""
+    assert set(PYPROJECT["project"]["optional-dependencies"]) == {"plot"}
+    group = {re.split(r"[<>=;\[ ]", req)[0] for req in PYPROJECT["dependency-groups"]["test"]}
+    assert {"pytest", "ruff", "mypy"} <= group
+    assert "--group test" in (ROOT / "scripts" / "setup.sh").read_text()
 
 
 def test_the_readme_supports_what_the_metadata_and_the_version_matrix_say():
@@ -198,3 +251,78 @@ def test_the_readme_supports_what_the_metadata_and_the_version_matrix_say():
     assert python is not None and PYPROJECT["project"]["requires-python"] == f">={python[1]}"
     classified = [c.rsplit(" :: ", 1)[1] for c in PYPROJECT["project"]["classifiers"]]
     assert python[1] in classified and "Linux" in line
+
+
+def _docker_lines() -> list[list[str]]:
+    """Every `docker run` and `docker exec` the README's bash blocks and the Dockerfile's
+    comments show, as words (continuations joined)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    comments = [
+        line.removeprefix("#").strip()
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("#")
+    ]
+    text = "\n".join([*blocks, "\n".join(comments)]).replace("\\\n", " ")
+    return [
+        shlex.split(line.split("&&")[-1])
+        for line in text.splitlines()
+        if re.match(r"\s*docker (run|exec) ", line.split("&&")[-1])
+    ]
+
+
+def _after(words: list[str], image: str) -> tuple[dict[str, list[str]], list[str]]:
+    """docker's options (name -> values) and the words after the image (run) or the
+    container (exec)."""
+    options: dict[str, list[str]] = {}
+    at = 2
+    takes_value = {"--name", "--device", "--shm-size", "-p", "-v", "-e", "--entrypoint"}
+    while words[at].startswith("-"):
+        if words[at] in takes_value:
+            options.setdefault(words[at], []).append(words[at + 1])
+            at += 2
+        else:
+            options.setdefault(words[at], []).append("")
+            at += 1
+    assert words[1] == "exec" or words[at] == image, words
+    return options, words[at + 1 :]
+
+
+def test_the_documented_container_command_lines_parse_as_the_plugin_and_vllm_take_them(
+    monkeypatch,
+):
+    """The serve line's arguments are `vllm serve`'s (the image's entry point), read by
+    vLLM's own parser; every other command goes through --entrypoint or docker exec and
+    parses as the plugin's command; each run line gives the GPUs and the ledger's volume
+    the command reads."""
+    from vllm_xpu_memfix.cli import build_parser
+
+    cli_args = pytest.importorskip("vllm.entrypoints.launchers.cli_args")
+    argparse_utils = pytest.importorskip("vllm.utils.argparse_utils")
+    monkeypatch.setenv("VLLM_PLUGINS", "none")
+
+    lines = _docker_lines()
+    image = "vllm-memfix"
+    commands = []
+    for words in lines:
+        options, rest = _after(words, image)
+        if words[1] == "run":
+            assert options["--device"] == ["/dev/dri"], words
+        ledgers = {v.split(":", 1)[1] for v in options.get("-v", []) if v.startswith("memfix-")}
+        if words[1] == "run" and "--entrypoint" not in options:  # vllm serve
+            assert options["--shm-size"] and options["-e"] == ["VLLM_XPU_MEMFIX_LEDGER_DIR=/ledger"]
+            assert ledgers == {"/ledger"}
+            vllm_serve = cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser())
+            parsed = vllm_serve.parse_args(rest)
+            assert parsed.model_tag == rest[0] and parsed.tensor_parallel_size == 2, rest
+            continue
+        if words[1] == "run":
+            assert options["--entrypoint"] == ["vllm-xpu-memfix"], words
+        else:
+            assert rest[0] == "vllm-xpu-memfix", words
+            rest = rest[1:]
+        args = build_parser().parse_args(rest)
+        if getattr(args, "ledger", None):
+            assert words[1] == "exec" or ledgers == {args.ledger}, words
+        commands.append(args.command)
+    assert sorted(commands) == ["check", "check", "report", "report", "report", "report"]

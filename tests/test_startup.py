@@ -77,22 +77,20 @@ def test_tp_above_the_visible_gpus_will_fail_whatever_the_memory():
     assert judge(machine(4, B70), 1e9, tensor_parallel_size=4).verdict == codes.FITS
 
 
-def test_a_checkpoint_named_fp8_is_sized_as_fp8_with_an_assumed_line():
-    """vllm #41663's shape: an FP8 checkpoint pasted without ``-q``."""
+def test_a_name_says_nothing_of_the_format_the_checkpoints_own_config_does():
+    """vllm #41663's shape (an FP8 checkpoint pasted without ``-q``): "-FP8" in a name is
+    not read as FP8, nor as anything else; the checkpoint's quantization_config is."""
     named = judge(machine(2, B70), 27e9, "Qwen/Qwen3.6-27B-FP8", tensor_parallel_size=2)
     plain = judge(machine(2, B70), 27e9, "Qwen/Qwen3.6-27B", tensor_parallel_size=2)
-    assert named.inputs.weights == pytest.approx(27e9 / 2)  # 1 byte a weight
-    assert plain.inputs.weights == pytest.approx(27e9)  # 2 bytes a weight
-    assert not named.inputs.on_the_fly, "quantized ahead of time: nothing staged on the host"
+    assert named.inputs.weights == plain.inputs.weights
     ckpt = checkpoint_from_params(27 * 10**9)
     args = sizing.ServeArgs(model="Qwen/Qwen3.6-27B-FP8")
-    assert sizing.quantization(ckpt, args) == (
-        "fp8",
-        "fp8 checkpoint, assumed from the model's name (FP8)",
-    )
+    assert sizing.quantization(ckpt, args) == "none (weights as stored)"
     configured = replace(ckpt, config={"quantization_config": {"quant_method": "fp8"}})
-    assert sizing.quantization(configured, sizing.ServeArgs(model="x")) == ("fp8", "")
-    assert sizing.quantization(ckpt, sizing.ServeArgs(model="x", quantization="fp8"))[1] == ""
+    assert sizing.quantization(configured, sizing.ServeArgs(model="x")) == "fp8"
+    assert sizing.weight_format(configured, args).bytes_per_weight == 1.0
+    given = sizing.ServeArgs(model="x", quantization="fp8")
+    assert sizing.quantization(ckpt, given) == "fp8 (-q, converted while loading)"
 
 
 @pytest.mark.parametrize(

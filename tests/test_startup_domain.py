@@ -335,13 +335,26 @@ def test_cpu_offload_moves_weights_from_each_device_to_the_host(tmp_path):
 # --- flags the model does not cover ----------------------------------------------------------
 
 
-def test_a_not_modelled_flag_caps_its_side_at_at_risk_and_is_named(tmp_path):
+def test_a_not_modelled_flag_caps_a_failure_only_where_it_could_lower_that_phase(tmp_path):
+    """The 32B in fp8 at 40960 tokens overfills one B70 at the KV cache. --enable-lora can
+    only add memory there (startup.reach): the failure stands, the flag named;
+    --num-gpu-blocks-override can give the KV cache more tokens: at most at risk."""
     line = ("-q", "fp8", "--max-model-len", "40960")
     out = judge(tmp_path, machine(1, B70), "qwen3-32b", *line)
-    assert out.verdict == codes.RUNS_OUT and out.fails_at["where"] == codes.DEVICE
+    assert out.verdict == codes.RUNS_OUT and out.fails_at == {
+        "phase": codes.KV_CACHE,
+        "where": codes.DEVICE,
+    }
     lora = judge(tmp_path, machine(1, B70), "qwen3-32b", *line, "--enable-lora")
-    assert lora.verdict == codes.AT_RISK and lora.fails_at is None
-    assert "not modelled on the device: --enable-lora, so at most at risk" in lora.why
+    assert (lora.verdict, lora.fails_at) == (out.verdict, out.fails_at)
+    assert lora.why.endswith("--enable-lora set, which cannot lower the kv_cache phase")
+    blocks = ("--num-gpu-blocks-override", "4096")
+    override = judge(tmp_path, machine(1, B70), "qwen3-32b", *line, *blocks)
+    assert override.verdict == codes.AT_RISK and override.fails_at is None
+    assert (
+        "not modelled on the device: --num-gpu-blocks-override can lower it, so at most at risk"
+        in override.why
+    )
     # A host-side flag does not soften the device's verdict.
     shm = judge(tmp_path, machine(1, B70), "qwen3-32b", *line, "--mm-processor-cache-gb", "8")
     assert shm.verdict == codes.RUNS_OUT

@@ -79,7 +79,8 @@ def test_a_series_that_applies_and_passes(tmp_path, source, patches, capsys):
     write_patch(patches, "0001-fix", old=41, new=42, expected=42)
     code, out = run(tmp_path, source, capsys)
     assert code == 0, out
-    assert "0001-fix.patch: applied, tests passed" in out
+    assert "0001-fix.patch (alone): applied, tests skipped" in out
+    assert "0001-fix.patch (series): applied, tests passed" in out
     assert (source / "vllm" / "answer.py").read_text() == "VALUE = 41\n"  # copy, not source
 
 
@@ -87,8 +88,8 @@ def test_a_patch_that_no_longer_applies_is_named(tmp_path, source, patches, caps
     write_patch(patches, "0001-stale", old=40, new=42, expected=42)
     code, out = run(tmp_path, source, capsys)
     assert code == 1
-    assert "0001-stale.patch: DOES NOT APPLY" in out
-    assert "FAILED: 0001-stale.patch on vLLM 0.1.0" in out
+    assert "0001-stale.patch (series): DOES NOT APPLY" in out
+    assert "FAILED: 0001-stale.patch (alone) on vLLM 0.1.0, 0001-stale.patch (series)" in out
 
 
 def test_a_patch_whose_tests_fail_is_named(tmp_path, source, patches, capsys):
@@ -96,16 +97,21 @@ def test_a_patch_whose_tests_fail_is_named(tmp_path, source, patches, capsys):
     write_patch(patches, "0002-wrong", old=42, new=43, expected=44)
     code, out = run(tmp_path, source, capsys)
     assert code == 1
-    assert "0001-fix.patch: applied, tests failed" in out  # 0002 changed what it tests
-    assert "0002-wrong.patch: applied, tests failed" in out
-    assert "FAILED: 0001-fix.patch on vLLM 0.1.0, 0002-wrong.patch on vLLM 0.1.0" in out
+    assert "0001-fix.patch (series): applied, tests failed" in out  # 0002 changed what it tests
+    assert "0002-wrong.patch (series): applied, tests failed" in out
+    # 0002 edits 0001's line: it does not apply to the release by itself
+    assert "0002-wrong.patch (alone): DOES NOT APPLY" in out
+    assert (
+        "FAILED: 0002-wrong.patch (alone) on vLLM 0.1.0, 0001-fix.patch (series) on vLLM 0.1.0,"
+        " 0002-wrong.patch (series) on vLLM 0.1.0" in out
+    )
 
 
 def test_a_patch_without_tests_fails(tmp_path, source, patches, capsys):
     (patches / "0001-untested.patch").write_text(CHANGE_VALUE.format(old=41, new=42))
     code, out = run(tmp_path, source, capsys)
     assert code == 1
-    assert "0001-untested.patch: applied, no tests (FAIL)" in out
+    assert "0001-untested.patch (series): applied, no tests (FAIL)" in out
 
 
 def test_a_release_variant_replaces_its_patch_for_that_release_only(tmp_path, source, patches):
@@ -255,7 +261,8 @@ def test_a_vllm_test_the_series_breaks_fails_the_check(
     write_patch(patches, "0001-fix", old=41, new=42, expected=42)
     code, out = run_with_vllm_tests(tmp_path, source, vllm_tests, capsys)
     assert code == 1
-    assert "0001-fix.patch: applied, tests passed" in out
+    assert "0001-fix.patch (alone): applied, tests skipped" in out
+    assert "0001-fix.patch (series): applied, tests passed" in out
     broken = "BROKEN BY THE SERIES: tests/test_existing.py::test_value_is_41"
     assert f"2 passed as is, 1 patched, {broken}" in out
 
@@ -297,3 +304,16 @@ def test_vllm_tests_come_from_the_release_sdist_once(tmp_path, monkeypatch):
     assert "vllm==9.9.9" in calls[0] and "orjson" in calls[1]
     assert upstream_check.fetch_vllm_tests("9.9.9", tmp_path / "cache") == kept
     assert len(calls) == 2  # the second run is offline
+
+
+def test_check_strict_runs_on_each_claimed_release_and_names_a_failure(tmp_path, monkeypatch):
+    """A release whose source lacks the fixes' targets fails the check, with check's own
+    lines; the releases are the ends of the README's range."""
+    (tmp_path / "vllm").mkdir()
+    monkeypatch.setattr(upstream_check, "fetch_release", lambda version, cache: tmp_path)
+    line, passed = upstream_check.strict_check("0.26.0", tmp_path / "cache")
+    assert not passed
+    assert line.startswith("check --strict on vLLM 0.26.0: FAILED; targets: ")
+    assert line.splitlines()[0].endswith(" missing")
+    assert "missing  vllm.v1.worker.gpu_worker:Worker.load_model" in line
+    assert upstream_check.STRICT_CHECK == ("0.26.0", upstream_check.NEWEST)

@@ -21,7 +21,7 @@ from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.core import config
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patcher, log_when_configured
-from vllm_xpu_memfix.core.process import current_role
+from vllm_xpu_memfix.core.process import current_role, start_identity
 
 __version__ = "0.1.0"
 
@@ -53,6 +53,7 @@ def register() -> None:
             f"vllm-xpu-memfix {__version__} disabled by {config.MASTER.name}=0 ({where})",
         )
         return
+    start_identity()  # before vLLM starts the engine and workers, which inherit it
     fixes.install_requested(PATCHER, settings)
     enabled = [f.key for f in config.FIXES if settings.requested(f)]
     disabled = [f.key for f in config.FIXES if not settings.requested(f)]

@@ -1,35 +1,36 @@
 #!/usr/bin/env bash
-# On the CUDA machine: vLLM 0.34.0's Python with the series applied, the series' tests and
-# vLLM's own tests of the touched modules, and the same vLLM tests on the unpatched copy.
-# Expects, in the git-ignored .device/ (carried): whl034/ (cp312 wheels of vLLM 0.34's
-# import-time and test dependencies the image lacks, as README.md here downloads them, plus
-# orjson and tblib), and up48/: vllm034-patched.tar.xz (vllm/*.py of the patched copy that
-# scripts/upstream_check.py builds), vllm034-data.tar.gz (the release's non-.py files from
-# .cache/upstream/vllm-0.34.0), vllm-tests.tar.gz (tests/ of the patched copy: the series'
-# tests and vLLM's own, from its sdist), series/ (docs/upstream/patches/000*.patch).
-# Results land in $OUT: env.txt and one pytest log per run.
+# On the CUDA machine: the upstream series (0001, 0002, 0005) on vLLM 0.34.0's Python, its
+# CUDA platform: the patches' tests (not the LLM ones, which need compiled kernels) on the
+# patched tree and on plain 0.34.0, then benchmarks/device/upstream_load_host.py.
+# Expects, in the git-ignored .device/up54/ (carried): whl/ (cp312 wheels of vLLM 0.34's
+# import-time dependencies the image lacks, as README.md here downloads them, plus loguru,
+# compressed-tensors, oss-harmony, anthropic, llguidance, xgrammar, apache-tvm-ffi, orjson,
+# tblib), series.tar.gz (vllm/ and tests/ of v0.34.0 with docs/upstream/patches applied),
+# plain.tar.gz (vllm/ of v0.34.0), this script, upstream_load_host.py,
+# upstream_gpu_conftest.py, and libtcmalloc_minimal.so.4 for the tcmalloc row.
+# TESTS_ONLY=1 skips the measurements. Results land in $OUT.
 set -u
-REPO=$PWD D=$PWD/.device
-test -d "$D/up48" || { echo "no .device/up48 in $PWD"; exit 3; }
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_PLUGINS= PYTHONDONTWRITEBYTECODE=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+D=$PWD/.device/up54
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_PLUGINS= PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $OUT/env.txt
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $D/whl034/*.whl || exit 4
-rm -rf /tmp/patched /tmp/plain && mkdir -p /tmp/patched && cd /tmp/patched
-tar xJf $D/up48/vllm034-patched.tar.xz && tar xzf $D/up48/vllm034-data.tar.gz && tar xzf $D/up48/vllm-tests.tar.gz
-# Stand-ins (as benchmarks/device/README.md): a version record so vLLM picks the CUDA
-# platform, an empty compiled module the CUDA platform imports; vLLM's tests/conftest.py
-# (which needs its test requirements) replaced by benchmarks/device/upstream_gpu_conftest.py.
-mkdir -p vllm-0.34.0.dist-info && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' > vllm-0.34.0.dist-info/METADATA
-: > vllm/_C_stable_libtorch.py; cp "$REPO/benchmarks/device/upstream_gpu_conftest.py" tests/conftest.py; printf '[pytest]\n' > pytest.ini
-cp -r /tmp/patched /tmp/plain
-(cd /tmp/plain && for p in $(ls -r $D/up48/series/*.patch); do git apply -R "$p" || echo "REVERSE FAILED $p"; done)
-python3 -c "import torch,transformers,sys;print(sys.version.split()[0],'torch',torch.__version__,'transformers',transformers.__version__)" >> $OUT/env.txt
-PT="python3 -m pytest -q -rA -p no:cacheprovider -p no:randomly"
-OWN="tests/model_executor/model_loader/test_parallel_loading.py tests/model_executor/model_loader/test_host_memory.py tests/model_executor/model_loader/test_drop_checkpoint_page_cache.py tests/v1/worker/test_sampler_headroom.py tests/model_executor/test_warmup_turn.py"
-EXISTING="tests/v1/worker/test_gpu_worker.py tests/model_executor/model_loader/test_registry.py tests/model_executor/test_jit_warmup.py tests/model_executor/test_attention_warmup.py tests/engine/test_arg_utils.py"
-(cd /tmp/patched && PYTHONPATH=/tmp/patched:/tmp/site timeout 200 $PT $OWN > $OUT/own-patched.log 2>&1; echo "rc=$?" >> $OUT/own-patched.log) &
-(cd /tmp/patched && PYTHONPATH=/tmp/patched:/tmp/site timeout 240 $PT $EXISTING > $OUT/existing-patched.log 2>&1; echo "rc=$?" >> $OUT/existing-patched.log) &
-(cd /tmp/plain && PYTHONPATH=/tmp/plain:/tmp/site timeout 240 $PT $EXISTING > $OUT/existing-plain.log 2>&1; echo "rc=$?" >> $OUT/existing-plain.log) &
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $D/whl/*.whl || exit 4
+rm -f /tmp/site/sitecustomize.py
+for t in patched plain; do
+  rm -rf /tmp/$t && mkdir -p /tmp/$t && tar xzf $D/$( [ $t = patched ] && echo series || echo plain ).tar.gz -C /tmp/$t
+  mkdir -p /tmp/$t/vllm-0.34.0.dist-info && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n' > /tmp/$t/vllm-0.34.0.dist-info/METADATA
+  : > /tmp/$t/vllm/_C_stable_libtorch.py; cp $D/upstream_gpu_conftest.py /tmp/$t/conftest.py; printf '[pytest]\n' > /tmp/$t/pytest.ini
+done
+cp -r /tmp/patched/tests /tmp/plain/
+python3 -c "import sys,torch,transformers;print(sys.version.split()[0],'torch',torch.__version__,'transformers',transformers.__version__)" >> $OUT/env.txt
+OWN="tests/model_executor/model_loader/test_parallel_loading.py tests/model_executor/model_loader/test_trim_host_heap.py tests/model_executor/model_loader/test_drop_checkpoint_page_cache.py"
+(cd /tmp/patched && PYTHONPATH=/tmp/patched:/tmp/site timeout 200 python3 -m pytest -q -rA -p no:cacheprovider -k "not test_llm_" $OWN > $OUT/own-patched.log 2>&1; echo "rc=$?" >> $OUT/own-patched.log) &
+(cd /tmp/plain && PYTHONPATH=/tmp/plain:/tmp/site timeout 200 python3 -m pytest -q -rA -p no:cacheprovider -k "not test_llm_" $OWN > $OUT/own-plain.log 2>&1; echo "rc=$?" >> $OUT/own-plain.log) &
+# Measurements: vLLM's weight readers of the patched tree, two ranks on the one GPU.
+mkdir -p /tmp/standins && printf 'import sys\nsys.path.insert(0, "/tmp/patched")\nimport conftest\n' > /tmp/standins/sitecustomize.py
+B="python3 $D/upstream_load_host.py"
+export PYTHONPATH=/tmp/standins:/tmp/patched:/tmp/site
+[ -z "${TESTS_ONLY:-}" ] && $B make /tmp/ck 2 > $OUT/load-host.log 2>&1
+if [ -z "${TESTS_ONLY:-}" ]; then for fmt in bin st; do for slots in 2 1; do $B ranks /tmp/ck $fmt cuda $slots 2 >> $OUT/load-host.jsonl 2>>$OUT/load-host.log; done; done
+LD_PRELOAD=$D/libtcmalloc_minimal.so.4 $B ranks /tmp/ck bin cuda 2 2 >> $OUT/load-host.jsonl 2>>$OUT/load-host.log; fi
 wait
-cd /tmp/patched && for f in $OUT/*.log; do echo "== $f"; tail -n 3 $f; done
+for f in $OUT/*.log; do echo "== $f"; tail -n 4 $f; done; cat $OUT/load-host.jsonl

@@ -8,8 +8,8 @@ none of its compiled parts): what importing the touched modules needs of the com
   the FP8 utilities; the stand-ins answer False (no CUTLASS FP8).
 - the model registry inspects a model class in a subprocess, which these stand-ins would not
   reach: it runs in-process here.
-- ``anthropic``, ``openai_harmony``: clients vLLM's tests/utils.py imports; a module whose
-  every attribute is a placeholder class stands in.
+- ``anthropic``, ``openai_harmony``: clients vLLM's tests/utils.py imports; where their
+  wheels were not carried, a module whose every attribute is a placeholder class stands in.
 The results file names these stand-ins.
 """
 
@@ -53,7 +53,10 @@ def _placeholder_module(name: str) -> types.ModuleType:
 
 
 for _client in ("anthropic", "openai_harmony"):
-    sys.modules.setdefault(_client, _placeholder_module(_client))
+    try:  # the real client where its wheel was carried
+        __import__(_client)
+    except ImportError:
+        sys.modules[_client] = _placeholder_module(_client)
 
 import vllm.model_executor.models.registry as _registry  # noqa: E402
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -54,14 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser(
-        "check", help="list fixes, switches and whether their vLLM targets exist"
+        "check",
+        help="list fixes, switches and whether their vLLM targets exist",
+        description="Reads vLLM's source (the installed one, or --source) without importing "
+        "it: each fix, its switch, and whether each vLLM symbol it patches is present, absent "
+        "where the release does without it, or missing; then the driver guard's decision "
+        "on this host.",
     )
     check.add_argument(
         "--source", help="directory holding a vllm/ source tree (default: installed vLLM)"
     )
     check.add_argument("--strict", action="store_true", help="exit 1 when a target is missing")
     demo = sub.add_parser(
-        "demo", help="serve a tiny local model with the plugin and show its report"
+        "demo",
+        help="serve a tiny local model with the plugin and show its report",
+        description="Makes a tiny random model, serves it with vLLM and the plugin, sends one "
+        "request, and shows what the plugin logged and a picture of host memory. Needs vLLM "
+        "and torch in this Python; writes only into --workdir.",
     )
     demo.add_argument(
         "--workdir",
@@ -69,13 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="model, server log, monitor CSV, ledger and PNG go here (default: %(default)s)",
     )
     explain = sub.add_parser(
-        "explain", help="print the troubleshooting entry for a cause or remedy code"
+        "explain",
+        help="print the troubleshooting entry for a cause or remedy code",
+        description="Prints the troubleshooting guide's entry for a code that a log record, "
+        "doctor or the preflight names; without a code, lists them. Reads the guide shipped "
+        "in this package: needs neither vLLM nor a GPU.",
     )
     explain.add_argument("code", nargs="?", help="the code a log record names (none: list them)")
     monitor = sub.add_parser(
         "monitor",
         help="run a command (e.g. vllm serve) and sample its process tree's host memory to CSV",
         usage="vllm-xpu-memfix monitor [--interval S] [--out DIR] -- COMMAND...",
+        description="Runs COMMAND and samples its process tree's host memory (RSS and its "
+        "parts, PSS, the GPU driver's) and the system's into monitor.csv until it exits; "
+        "`plot` draws it.",
     )
     monitor.add_argument(
         "--interval",
@@ -90,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor",
         help="predict whether a serve command fits, phase by phase, and why not",
-        usage="vllm-xpu-memfix doctor [--host FILE] [--write-host FILE [--force]] [--params N] "
-        "[--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
+        usage="vllm-xpu-memfix doctor [--host FILE] [--image TAG] [--write-host FILE [--force]]\n"
+        "       [--params N] [--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
         description="Takes the arguments of `vllm serve` that matter for memory, or the whole "
         "serve line after --. Judges this machine, or one described in a TOML file (--host). "
         "Reads files only: never loads the model or starts the driver.",
@@ -109,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write this machine's host file (--host on it gives the same answer)",
     )
     doctor.add_argument(
+        "--image",
+        metavar="TAG",
+        help="judge for the vLLM of this Intel llm-scaler image (intel/llm-scaler-vllm:TAG "
+        "or TAG): -q is checked against that vLLM's methods",
+    )
+    doctor.add_argument(
         "--force",
         action="store_true",
         help="let --write-host replace an existing file",
@@ -116,13 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "model",
         nargs="?",
-        help="checkpoint directory (safetensors), or a Hugging Face id read from the local cache",
+        help="checkpoint directory (safetensors), a .gguf file, or a Hugging Face id (read from "
+        "the local cache, else its metadata from the Hub)",
     )
     doctor.add_argument(
         "--params",
         metavar="N",
         type=_parameter_count,
-        help="the model's parameter count (8e9, 8B, 500M) where its weights cannot be read",
+        help="the model's parameter count (8e9, 8B, 500M) where nothing else gives its size",
     )
     _serve_flags(doctor)
     doctor.add_argument(
@@ -140,11 +164,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ray_env.add_argument("--json", action="store_true", help="print only the runtime_env JSON")
     report = sub.add_parser(
-        "report", help="one Markdown block for an issue: versions, GPUs, driver, memory, last start"
+        "report",
+        help="one Markdown block for an issue: versions, GPUs, driver, memory, last start",
+        description="Prints one Markdown block to paste into an issue: versions, GPUs, driver, "
+        "host memory and the last start-up the ledger recorded. Secret values, home "
+        "directories and the host name (unless --hostname) are redacted.",
     )
-    report.add_argument("--ledger", help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR)")
+    report.add_argument(
+        "--ledger",
+        help="ledger directory (default: VLLM_XPU_MEMFIX_LEDGER_DIR, else the plugin's "
+        "default under ~/.cache)",
+    )
+    report.add_argument(
+        "--start", type=int, help="show start-up N of the ledger (1 = oldest; default: the last)"
+    )
     report.add_argument("--hostname", action="store_true", help="show this host's name")
-    plot = sub.add_parser("plot", help="draw a monitor CSV as a PNG, with ledger phases marked")
+    plot = sub.add_parser(
+        "plot",
+        help="draw a monitor CSV as a PNG, with ledger phases marked",
+        description="Draws host memory over time from a monitor CSV, with the start-up phases "
+        "the ledger recorded marked on it. Needs matplotlib (the plot extra).",
+    )
     plot.add_argument("csv", help="monitor.csv written by 'monitor'")
     plot.add_argument(
         "--ledger", help="directory of ledger JSON lines (VLLM_XPU_MEMFIX_LEDGER_DIR)"
@@ -226,8 +266,10 @@ def _serve_flags(doctor: argparse.ArgumentParser) -> None:
         kind = serveline.MODELLED[flags[0]][1]
 
         def parse(text: str, kind: str = kind) -> Any:
+            # -q is checked in doctor.main, against the vLLM it judges for (--image, --host).
+            checked = "text" if kind == "quantization" else kind
             try:
-                return serveline.value_of(kind, text)
+                return serveline.value_of(checked, text)
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -253,6 +295,18 @@ def _split_serve_line(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except BrokenPipeError:
+        # The reader left (`| head`): no traceback, and none at exit's flush either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a process killed by SIGPIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     argv, serve_line = _split_serve_line(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)

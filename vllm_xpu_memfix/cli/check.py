@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -19,15 +20,64 @@ from vllm_xpu_memfix.intel import int4_self_check
 from vllm_xpu_memfix.vllm_code import overrides
 from vllm_xpu_memfix.vllm_code.overrides import INHERITS
 
+# A target's first word: present; absent, where the release lacks an optional target (it
+# has another of its group, or lacks the code path); missing, which --strict counts.
+PRESENT, ABSENT, MISSING = "present", "absent", "missing"
 
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+
+@dataclass(frozen=True)
+class Target:
+    fix: str
+    target: str
+    word: str  # PRESENT, ABSENT or MISSING
+    detail: str  # what the source shows where the word is not PRESENT
+
+
+def platform_overrides(root: Path, settings: config.Settings) -> list[tuple[str, str, str]]:
+    """(worker, method, kind) for each patched ``Worker`` method per platform worker of
+    the tree under ``root`` (``overrides.scan``); raises :class:`compat.Unreadable`."""
+    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
+    return overrides.scan(methods, partial(compat.module_source, root))
+
+
+def targets(
+    root: Path,
+    settings: config.Settings,
+    overridden: set[str],
+    read: Callable[[Callable[[], str]], str],
+) -> list[Target]:
+    """Every fix's targets as installed (with the platform workers' own overrides in
+    ``overridden``) and how the tree under ``root`` has each; ``read`` runs a reader of
+    the source and turns an unreadable file into a status."""
+    found: list[Target] = []
+    for fix in config.FIXES:
+        patches = [
+            patch
+            for patch in fixes.patches_of(fixes.module_of(fix), settings)
+            if not patch.own_only or patch.target in overridden
+        ]
+        statuses = {
+            patch.target: read(partial(compat.target_status, root, patch.target, patch.params))
+            for patch in patches
+        }
+        for patch in patches:
+            status = statuses[patch.target]
+            if status == compat.PRESENT:
+                found.append(Target(fix.key, patch.target, PRESENT, ""))
+                continue
+            group = [p.target for p in patches if p.group and p.group == patch.group]
+            serving = [t for t in group if statuses[t] == compat.PRESENT]
+            if patch.module in compat.INTEL_IMAGE_MODULES:
+                found.append(Target(fix.key, patch.target, ABSENT, status))
+            elif serving:
+                where = f"{status}; this release has it at {serving[0]}"
+                found.append(Target(fix.key, patch.target, ABSENT, where))
+            elif patch.optional and not group:
+                why = "optional: this release lacks that code path, the fix acts without it"
+                found.append(Target(fix.key, patch.target, ABSENT, f"{status}; {why}"))
+            else:
+                found.append(Target(fix.key, patch.target, MISSING, status))
+    return found
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,39 +110,33 @@ def main(args: argparse.Namespace) -> int:
             unreadable[exc.path] = exc.reason
             return "unreadable (see below)"
 
-    methods = overrides.patched_worker_methods(fixes.all_patches(settings))
     try:
-        workers = overrides.scan(methods, partial(compat.module_source, root))
+        workers = platform_overrides(root, settings)
     except compat.Unreadable as exc:
         unreadable[exc.path] = exc.reason
         workers = []
     overridden = {f"{worker}.{method}" for worker, method, kind in workers if kind != INHERITS}
-    rows = [("fix", "switch", "value", "target", "status")]
-    missing = 0
-    for fix in config.FIXES:
-        value = settings.mode(fix).value
-        patches = [
-            patch
-            for patch in fixes.patches_of(fixes.module_of(fix), settings)
-            if not patch.own_only or patch.target in overridden
-        ]
-        if not patches:
-            rows.append((fix.key, fix.env, value, "(none: acts at registration)", "-"))
-        for patch in patches:
-            status = readable(partial(compat.target_status, root, patch.target, patch.params))
-            missing += status != compat.PRESENT and patch.module not in compat.INTEL_IMAGE_MODULES
-            rows.append((fix.key, fix.env, value, patch.target, status))
-    print(_table(rows))
-    print()
-    removal = [("fix", "remove when", "upstream")]
+    found = targets(root, settings, overridden, readable)
+    lines: list[str] = []
     for fix in config.FIXES:
         rule = fixes.module_of(fix).REMOVE_WHEN
         upstream = readable(partial(rule.evaluate, partial(compat.module_source, root)))
-        removal.append((fix.key, rule.change, upstream))
-    print(_table(removal))
+        lines.append(f"{fix.key} ({fix.env}={settings.mode(fix).value})")
+        mine = [target for target in found if target.fix == fix.key]
+        if not mine:
+            lines.append(f"  {'-':<8} (no vLLM target: acts at registration)")
+        for target in mine:
+            lines.append(f"  {target.word:<8} {target.target}")
+            if target.detail:
+                lines.extend(wrap(f"{'':10} {target.detail}", hang=11))
+        lines.extend(wrap(f"  remove when {rule.change}: {upstream}", hang=11))
+    print("\n".join(lines))
     decision, *guard = driver_env.summary_lines(driver_env.decide(settings, os.environ))
+    missing = [target for target in found if target.word == MISSING]
     prose = [
         "",
+        f"targets: {len(found) - len(missing)} of {len(found)} present or not needed here"
+        + (f"; {len(missing)} missing" if missing else ""),
         f"sym_int4: {readable(partial(sym_int4_layout, root))}",
         f"device_quant self-check: {int4_self_check.describe(settings.lock_dir)}",
         f"driver_env: {decision}",

@@ -5,6 +5,8 @@ The guide ships as package data (``docs/troubleshooting.md``, the repository's o
 cause's entry is the part of the guide under its ``<a id="CODE">`` anchor, up to the next
 anchor or heading; a remedy's entry is its meaning (``startup/codes.py``) and every passage of
 the guide that names it, with the cause it is listed under. Needs neither vLLM nor a GPU.
+The guide's pointers to the repository's other pages, which the wheel lacks, are left out:
+each sits in parentheses after a sentence that stands without it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ import sys
 from importlib import resources
 from textwrap import shorten
 
+from vllm_xpu_memfix.core.lines import wrap
 from vllm_xpu_memfix.startup import codes
 
 GUIDE = "docs/troubleshooting.md"
 _ANCHOR = re.compile(r'<a id="([a-z0-9_]+)"></a>\n')
 _HEADING = re.compile(r"^#+ ", re.M)
+# " ([text](page.md#anchor))": a pointer to a page of the repository, not of the wheel
+_LOCAL_POINTER = re.compile(r"\s*\(\[[^\]]*\]\((?![a-z]+://)[^)]*\)\)", re.S)
+
+
+def self_contained(entry_text: str) -> str:
+    """``entry_text`` without the guide's pointers to pages the wheel does not ship."""
+    return _LOCAL_POINTER.sub("", entry_text)
 
 
 def guide_text() -> str:
@@ -65,12 +75,26 @@ def cause_entry(code: str, entries: dict[str, str]) -> str:
 
 def entry(code: str, text: str | None = None) -> str | None:
     """The entry for ``code``, or ``None`` where it is no cause or remedy code."""
-    text = guide_text() if text is None else text
+    text = self_contained(guide_text() if text is None else text)
     if code in codes.CAUSES:
         return cause_entry(code, sections(text))
     if code in codes.REMEDIES:
         return remedy_entry(code, text)
     return None
+
+
+def fitted(text: str) -> str:
+    """``text`` within the width of ``core.lines``: prose wrapped (a bullet's continuation
+    under its text), tables and fenced blocks as they are."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        fenced ^= line.startswith("```")
+        if fenced or line.startswith(("|", "```")):
+            lines.append(line)
+            continue
+        indent = len(line) - len(line.lstrip())
+        lines += wrap(line, hang=indent + (2 if line.lstrip().startswith("- ") else 0))
+    return "\n".join(lines)
 
 
 def listing() -> str:
@@ -103,5 +127,5 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(text)
+    print(fitted(text))
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_xpu_memfix.core.numbers import MIB, SLOTS, TIMEOUT_S, Bounds, invalid
+from vllm_xpu_memfix.core.process import START_VARIABLE
 
 PREFIX = "VLLM_XPU_MEMFIX"
 
@@ -28,6 +29,16 @@ def default_lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     if runtime:
         return Path(runtime) / "vllm-xpu-memfix"
     return Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")
+
+
+def default_ledger_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """``$XDG_CACHE_HOME/vllm-xpu-memfix/ledger``, else ``~/.cache/...``; None where this
+    user has no home to put it in. Each variable from ``environ``, else this process's."""
+    cache = environ.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(cache):
+        return Path(cache) / "vllm-xpu-memfix" / "ledger"
+    home = environ.get("HOME") or os.environ.get("HOME") or os.path.expanduser("~")
+    return Path(home) / ".cache" / "vllm-xpu-memfix" / "ledger" if os.path.isabs(home) else None
 
 
 class Mode(str, Enum):
@@ -110,6 +121,17 @@ def _optional_directory(variable: Variable, raw: str, _environ: Mapping[str, str
     if path.exists() and not path.is_dir():
         raise invalid(variable.name, raw, f"{variable.accepted}; this path is not a directory")
     return path
+
+
+LEDGER_OFF = "off"
+
+
+def _ledger_dir(variable: Variable, raw: str, environ: Mapping[str, str]) -> Path | None:
+    if not raw.strip():
+        return default_ledger_dir(environ)
+    if raw.strip().lower() == LEDGER_OFF:
+        return None
+    return _optional_directory(variable, raw, environ)
 
 
 def _existing_directory(variable: Variable, raw: str, _environ: Mapping[str, str]) -> Path:
@@ -284,10 +306,12 @@ PARAMETERS: tuple[Variable, ...] = (
         name=f"{PREFIX}_LEDGER_DIR",
         field="ledger_dir",
         default="",
-        accepted="a directory (created if missing)",
+        accepted=f"a directory (created if missing), or {LEDGER_OFF}",
         doc="Every vLLM process appends its ledger phases as JSON lines to "
-        "<dir>/ledger-<hostname>-<pid>.jsonl.",
-        parse=_optional_directory,
+        "<dir>/ledger-<hostname>-<pid>.jsonl; unset: $XDG_CACHE_HOME/vllm-xpu-memfix/ledger, "
+        "else ~/.cache/vllm-xpu-memfix/ledger, where report finds the last start-up; files "
+        f"older than 30 days are removed when a start-up begins. {LEDGER_OFF}: no files.",
+        parse=_ledger_dir,
         path=True,
     ),
     Variable(
@@ -468,3 +492,6 @@ def announce_to_vllm() -> None:
         table.setdefault(
             variable.name, functools.partial(os.environ.get, variable.name, variable.default)
         )
+    # The start-up's identity is new at every start: its getter gives a constant, so that
+    # vLLM's compile-cache key (0.32 envs.compile_factors hashes every getter) stays the same.
+    table.setdefault(START_VARIABLE, lambda: None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
-WIDTH = 160
+WIDTH = 100
 
 
 def wrap(line: str, hang: int | None = None, width: int = WIDTH) -> list[str]:

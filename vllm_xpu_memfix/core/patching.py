@@ -7,11 +7,14 @@ are never imported early; a module that is already imported is patched at once.
 
 A target that is missing (vLLM version drift, or a module that only Intel's
 images ship) skips that patch with one WARNING naming the symbol and the vLLM
-version. Nothing here ever raises into vLLM.
+version (DEBUG for an ``optional`` one). A patch whose module is not in the installed
+vLLM at all, whose post-import hook can therefore never run, says so once at DEBUG when
+it is installed. Nothing here ever raises into vLLM.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import logging
 import sys
 from collections.abc import Callable
@@ -39,7 +42,10 @@ class Patch:
     through untouched until ``counts()`` is true (the ledger's "ready" skips the
     warm-up's own calls of ``execute_model``). An ``own_only`` patch of a method is
     applied only where the class defines that method itself, never on an inherited one
-    (``overrides``: a platform worker's own version of a ``Worker`` method).
+    (``overrides``: a platform worker's own version of a ``Worker`` method). Optional
+    patches of one fix that share a ``group`` are one hook at the place each release
+    line has it (``build_and_serve`` moved module in vLLM 0.29): ``check --strict`` wants
+    one of them present, not each.
     """
 
     fix: str
@@ -50,6 +56,7 @@ class Patch:
     optional: bool = False
     counts: Callable[[], bool] | None = None
     own_only: bool = False
+    group: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -124,6 +131,31 @@ class _Record:
     inherited: bool = False
 
 
+def module_absent(name: str) -> bool:
+    """Whether module ``name`` is certainly not there to import: its top-level package is
+    imported and no directory of it holds ``name``. Found without importing anything;
+    False wherever that cannot be told (the package not imported yet, a module that is
+    not files on disk)."""
+    if name in sys.modules:
+        return False
+    top, *parts = name.split(".")
+    paths = getattr(sys.modules.get(top), "__path__", None)
+    found = top
+    for part in parts:
+        if paths is None:
+            return False
+        found = f"{found}.{part}"
+        loaded = sys.modules.get(found)
+        if loaded is not None:
+            paths = getattr(loaded, "__path__", None)
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(found, list(paths))
+        if spec is None:
+            return True
+        paths = spec.submodule_search_locations
+    return False
+
+
 def vllm_version() -> str:
     vllm = sys.modules.get("vllm")
     return str(getattr(vllm, "__version__", "unknown"))
@@ -143,7 +175,16 @@ class Patcher:
         """
         if patch.key in self._records:
             return
-        self._records[patch.key] = _Record(patch)
+        record = self._records[patch.key] = _Record(patch)
+        if module_absent(patch.module):
+            # The hook stays registered, should another finder supply the module.
+            record.reason = f"module {patch.module} is not in vLLM {vllm_version()}"
+            logger.debug(
+                "vllm-xpu-memfix: fix %s: %s will not be patched: %s",
+                patch.fix,
+                patch.target,
+                record.reason,
+            )
         wrapt.register_post_import_hook(lambda _module: self._apply(patch.key), patch.module)
 
     def install_all(self, patches: tuple[Patch, ...]) -> None:
@@ -180,7 +221,7 @@ class Patcher:
         wrapper = self._once(record.patch) if record.patch.once else record.patch.wrapper
         wrapt.apply_patch(parent, attribute, _PatchWrapper(original, wrapper, key))
         record.parent, record.original = parent, original
-        record.state = State.APPLIED
+        record.state, record.reason = State.APPLIED, ""
         logger.debug("vllm-xpu-memfix: fix %s applied to %s", record.patch.fix, target)
 
     def _once(self, patch: Patch) -> Wrapper:

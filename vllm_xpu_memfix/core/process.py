@@ -5,8 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import secrets
 import socket
 import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from vllm_xpu_memfix.core import files
@@ -163,3 +165,32 @@ def environ_at_start() -> dict[str, str] | None:
         return None
     pairs = (item.decode(errors="surrogateescape").partition("=") for item in raw.split(b"\0"))
     return {key: value for key, sep, value in pairs if sep}
+
+
+# The vLLM instance (start-up) a process belongs to: set by the process that starts it (the
+# API server, or an ``LLM(...)`` script) and inherited by the engine and the workers,
+# through the environment: multiprocessing copies it, and vLLM 0.32's Ray executors copy
+# every ``VLLM_*`` variable to their actors (ray/ray_env.py, v1/executor/ray_env_utils.py).
+START_VARIABLE = "VLLM_XPU_MEMFIX_START"
+
+
+def start_identity(environ: MutableMapping[str, str] = os.environ) -> str:
+    """This start-up's identity, ``<pid>-<start time>-<nonce>`` of the process that started
+    it. The main process of a program starts one (a ``vllm serve`` started from another
+    vLLM program is a start-up of its own); every other process takes its parent's."""
+    inherited = environ.get(START_VARIABLE, "")
+    if inherited and current_role().role != "main":
+        return inherited
+    pid = os.getpid()
+    mine = f"{pid}-{start_time(pid) or '?'}-"
+    if inherited.startswith(mine):  # this process started it already
+        return inherited
+    identity = mine + secrets.token_hex(3)
+    environ[START_VARIABLE] = identity
+    return identity
+
+
+def started_pid(identity: object) -> int | None:
+    """The pid of the process that started ``identity``'s start-up, where it is one."""
+    head = str(identity).split("-", 1)[0]
+    return int(head) if head.isdigit() else None

@@ -43,7 +43,7 @@ Upstream
     kind in ``UnquantizedEmbeddingMethod``; see docs/upstream/host-release.md.
 Remove when
     ``base_loader`` gives freed host memory back itself (it mentions ``malloc_trim``, or
-    ``release_host_memory`` as in docs/upstream/patches/0002); the CPU backend's vocabulary
+    ``trim_host_heap`` as in docs/upstream/patches/0002); the CPU backend's vocabulary
     copies and the per-layer trims of Intel's ``sym_int4`` are outside that patch.
 """
 
@@ -66,7 +66,7 @@ SYM_INT4 = "vllm.model_executor.layers.quantization.sym_int4"
 REMOVE_WHEN = RemoveWhen(
     "BaseModelLoader.load_model gives freed host memory back (upstream patch 0002)",
     "vllm.model_executor.model_loader.base_loader",
-    ("malloc_trim", "release_host_memory"),
+    ("malloc_trim", "trim_host_heap"),
 )
 
 

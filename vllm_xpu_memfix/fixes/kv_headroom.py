@@ -47,8 +47,8 @@ Upstream
     docs/design/kv-headroom.md.
 Remove when
     ``gpu_worker`` accounts for the post-KV sampler burst before sizing the KV
-    cache (it mentions ``sampler_headroom``, the name docs/upstream/patches/0003
-    adds).
+    cache (it mentions ``sampler_headroom``, the name the withdrawn patch 0003 used;
+    docs/upstream/rfc-0003-xpu-kv-cache-after-warm-up.md proposes the lasting fix).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ logger = get_logger("kv_headroom")
 
 FIX = config.KV_HEADROOM
 REMOVE_WHEN = RemoveWhen(
-    "the worker keeps the sampler burst out of the KV cache itself (upstream patch 0003)",
+    "the worker keeps the sampler burst out of the KV cache itself (upstream RFC 0003)",
     "vllm.v1.worker.gpu_worker",
     ("sampler_headroom",),
 )

@@ -20,7 +20,9 @@ Mechanism
     only), and the likely cause is named for what remains; and the host's room then
     (``memory.room``, the figure the load lock and doctor use: MemAvailable, or the
     container's cgroup limit less its usage where smaller).
-    ``VLLM_XPU_MEMFIX_LEDGER_DIR`` also writes every phase as JSON lines. The
+    Every phase is also a JSON line in the ledger directory
+    (``VLLM_XPU_MEMFIX_LEDGER_DIR``, by default under the user's cache), each row with its
+    start-up's identity (``core.process.start_identity``). The
     "ready" hook removes itself after the first batch, so nothing stays on the
     per-step path.
 Targets
@@ -48,6 +50,9 @@ Remove when
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +74,7 @@ FIX = config.LEDGER
 REMOVE_WHEN = RemoveWhen(
     "the worker logs host memory per start-up phase", "vllm.v1.worker.gpu_worker", ("RssAnon",)
 )
+KEEP_DAYS = 30  # ledger files untouched this long are removed when a start-up begins
 _GPU = "vllm.v1.worker.gpu_worker:Worker"
 _CPU = "vllm.v1.worker.cpu_worker:CPUWorker"
 
@@ -94,9 +100,12 @@ def device_type(instance: Any) -> str | None:
 class Recorder:
     """This process's ledger, made on first use so that registration imports nothing of it."""
 
-    def __init__(self, jsonl_dir: Path | None, sysroot: Path = Path("/")) -> None:
+    def __init__(
+        self, jsonl_dir: Path | None, sysroot: Path = Path("/"), tree_pss: bool = True
+    ) -> None:
         self.jsonl_dir = jsonl_dir
         self.sysroot = sysroot
+        self.tree_pss = tree_pss
         self._ledger: Ledger | None = None
         # vLLM's V2 runner runs execute_model inside compile_or_warm_up_model (kernel
         # warm-up, 0.32 v1/worker/gpu_worker.py); "ready" is the first call outside it.
@@ -106,7 +115,8 @@ class Recorder:
         if self._ledger is None:
             from vllm_xpu_memfix.memory.ledger import Ledger
 
-            self._ledger = Ledger(str(current_role()), self.jsonl_dir)
+            no_tree = None if self.tree_pss else (lambda: None)
+            self._ledger = Ledger(str(current_role()), self.jsonl_dir, tree_anon_pss=no_tree)
         return self._ledger
 
     def note_rank(self, instance: Any) -> None:
@@ -252,5 +262,28 @@ def install(patcher: Patcher, settings: Settings) -> None:
     """
     recorder = Recorder(settings.ledger_dir, settings.sysroot)
     patcher.install_all(with_platform_overrides(recorder.patches()))
-    if current_role().role not in ("worker", "ray_worker") and settings.ledger_dir is not None:
+    role = current_role().role
+    if role in ("worker", "ray_worker") or settings.ledger_dir is None:
+        return
+    if role != "main":
         recorder.record("process start")
+        return
+    # The process that starts a vLLM instance: the start-up's command line, and the
+    # directory kept from growing without end.
+    from vllm_xpu_memfix.memory.ledger import prune
+
+    try:
+        prune(settings.ledger_dir, KEEP_DAYS * 86400)
+    except OSError as exc:
+        logger.debug("vllm-xpu-memfix: ledger: old files not removed: %r", exc)
+    # A row of its own, without the tree's PSS: registration stays cheap (no psutil), and
+    # the tree is this process alone yet.
+    starter = Recorder(settings.ledger_dir, settings.sysroot, tree_pss=False)
+    starter.record("process start", argv=command_line())
+
+
+def command_line() -> str:
+    """This process's command line (``vllm serve MODEL ...``), secrets already out."""
+    from vllm_xpu_memfix.core import redact
+
+    return redact.without_secrets(shlex.join(sys.argv), redact.secret_values(os.environ))

@@ -11,7 +11,9 @@ Mechanism
     process of ``LLM(...)``), right after ``create_engine_config`` returns and before
     EngineCore and the workers are spawned, judge what vLLM resolved, on the devices vLLM's
     platform will use. Under the XPU platform: the start-up model (``startup``) on the
-    engine's own hf_config, context, parallel layout, quantization and KV dtype, and on
+    engine's own hf_config, context, parallel layout, quantization and KV dtype, the
+    checkpoint's headers (its directory, the Hugging Face cache, else the Hub by range
+    request within 5 s, else parameters estimated from hf_config), and on
     this host as doctor reads it (``startup.host``, under the sysroot: the Intel devices
     Level Zero will enumerate, the room, the legacy sym_int4 load, the int4 layouts).
     Under the CPU backend: the weights and the KV cache against the room
@@ -32,7 +34,9 @@ Targets
     ``LLM`` and ``AsyncLLM`` call it before spawning anything);
     ``vllm.v1.engine.utils:wait_for_engine_startup`` (where the API server learns that the
     engine's start-up failed);
-    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (ready: prediction_check).
+    ``vllm.entrypoints.launchers.api_server.entry:build_and_serve`` (from vLLM 0.29) and
+    ``vllm.entrypoints.openai.api_server:build_and_serve`` (0.26 to 0.28, a re-export
+    after): the ready point, ``prediction_check``; each release has one, which serves.
 Switch
     ``VLLM_XPU_MEMFIX_PREFLIGHT``: auto and on (the line), off (nothing judged or logged),
     refuse (on a certain "will run out of memory" or "will fail": one ERROR record naming
@@ -80,6 +84,8 @@ REMOVE_WHEN = RemoveWhen(
 MAX_RECORD = 320
 HEAD = "vllm-xpu-memfix preflight:"
 NOT_FITTING = ("will run out of memory", "will fail")
+# The longest the preflight waits for the Hub's metadata of a model not yet downloaded.
+HUB_DEADLINE = 5.0
 
 
 class PreflightRefused(SystemExit):
@@ -125,11 +131,12 @@ def platform_of(vllm_config: Any) -> str:
 
 
 def checkpoint(vllm_config: Any) -> tuple[Any, str]:
-    """The checkpoint (its directory, else the Hugging Face cache), else sized from the
-    engine's hf_config; and where it came from. The config is the engine's own
-    (``hf_config``): what vLLM read, NaN and all, not a second read of config.json."""
-    from vllm_xpu_memfix.memory import hub_cache
-    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, read_checkpoint
+    """The checkpoint's metadata (its directory, else the Hugging Face cache, else the
+    Hub's headers within ``HUB_DEADLINE`` seconds), else sized from the engine's hf_config;
+    and where it came from. The config is the engine's own (``hf_config``): what vLLM
+    read, NaN and all, not a second read of config.json."""
+    from vllm_xpu_memfix.memory import hub, hub_cache
+    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, CheckpointError, read_checkpoint
     from vllm_xpu_memfix.startup.sizing import params_from_config
 
     name = str(vllm_config.model_config.model)
@@ -140,6 +147,12 @@ def checkpoint(vllm_config: Any) -> tuple[Any, str]:
             directory = hub_cache.find_cached(name).snapshot
     if directory.is_dir() and any(directory.glob("*.safetensors")):
         return replace(read_checkpoint(directory, None, name=name), config=hf), str(directory)
+    if not directory.exists():
+        try:
+            found = hub.read(name, HUB_DEADLINE)
+            return replace(found, config={**found.config, **hf}), "the Hub's headers"
+        except (hub.HubUnavailable, CheckpointError) as exc:
+            logger.debug("%s the Hub's metadata not read: %s", HEAD, exc)
     params = params_from_config(hf)
     if params is None:
         return None, "hf_config (weights not sized)"
@@ -250,6 +263,7 @@ def judge_xpu(
         essential.append(f"not certain: {listed(uncertain, 100)}")
     details_json = {
         "platform": "xpu",
+        "host_includes": "the processes (assumed), staging, the driver's host copy",
         "verdict": outcome.verdict,
         "fails_at": outcome.fails_at,
         "why": outcome.why,
@@ -276,20 +290,22 @@ def judge_xpu(
 def judge_cpu(vllm_config: Any, args: ServeArgs, ckpt: Any, settings: Settings) -> Verdict:
     """vLLM's CPU backend in its own terms (``startup.cpu_backend``): host memory only."""
     from vllm_xpu_memfix.memory.room import host_room
-    from vllm_xpu_memfix.startup import codes, cpu_backend, domain
+    from vllm_xpu_memfix.startup import codes, cpu_backend, domain, limits
 
     room = host_room(settings.sysroot)
     workers = int(getattr(vllm_config.parallel_config, "world_size", 1) or 1)
     kv = float(args.kv_cache_memory_bytes or 0) * workers
-    flags = [f for f in args.not_modelled if domain.side_of(f) in (codes.HOST, domain.BOTH)]
-    uncertain = [f"{listed(flags, 60)} not modelled"] if flags else []
-    if ckpt is None or args.quantization:
-        uncertain.append("weights not sized")
-    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room)
+    outcome = cpu_backend.judge(float(ckpt.total_bytes) if ckpt else 0.0, kv, room, workers)
     if outcome is None:
         line = "NOT JUDGED on vLLM's CPU backend: host room unreadable"
         json_ = {"platform": "cpu", "room": None}
         return Verdict(codes.FITS, [line], [str(room.problem)], [], None, json_)
+    flags = [f for f in args.not_modelled if domain.side_of(f) in (codes.HOST, domain.BOTH)]
+    if outcome.phase is not None:  # only a flag that could lower the failing phase
+        flags = limits.rescuing(flags, outcome.phase)
+    uncertain = [f"{listed(flags, 60)} not modelled"] if flags else []
+    if ckpt is None or args.quantization:
+        uncertain.append("weights not sized")
     verdict = codes.AT_RISK if outcome.verdict in NOT_FITTING and uncertain else outcome.verdict
     where = f" at {outcome.phase} on the host" if outcome.phase else ""
     essential = [f"{verdict.upper()}{where} on vLLM's CPU backend"]
@@ -466,7 +482,7 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
     return (
         Patch(FIX.key, "vllm.engine.arg_utils:EngineArgs.create_engine_config", after_config),
         Patch(FIX.key, "vllm.v1.engine.utils:wait_for_engine_startup", around_startup),
-        prediction_check.patch(FIX.key, settings),
+        *prediction_check.patches(FIX.key, settings),
     )
 
 

@@ -29,7 +29,9 @@ Targets
     ``vllm.model_executor.warmup.kernel_warmup:qwen_vl_triton_warmup``,
     ``vllm.model_executor.warmup.kernel_warmup:mamba_triton_warmup`` (module
     attributes, imported from their own modules), which step aside while the
-    section's slot is held.
+    section's slot is held. The elastic EP binding (from 0.27) and the last two
+    warm-ups (0.30 to 0.33; 0.34 has no ``mamba_triton_warmup``) are optional: a
+    release without them has nothing there to serialise.
 Switch
     ``VLLM_XPU_MEMFIX_WARMUP_LOCK`` (auto: on, except where the rank compiles into
     its own Triton cache, i.e. vLLM's compiled mode: measured, waiting then saves
@@ -40,7 +42,8 @@ Upstream
     process-local JIT section; see docs/design/warmup-lock.md.
 Remove when
     ``kernel_warmup`` takes a node-local file lock itself (it mentions ``FileLock``,
-    ``flock``, or ``take_warmup_turn`` as in docs/upstream/patches/0004).
+    ``flock``, or ``take_warmup_turn`` as the withdrawn patch 0004 named it; now
+    docs/upstream/rfc-0004-serialized-eager-warm-ups.md).
 """
 
 from __future__ import annotations
@@ -70,14 +73,15 @@ MODULE = "vllm.model_executor.warmup.kernel_warmup"
 # Process-local JIT warm-ups only: no collective runs inside any of them. The fallback
 # where kernel_warmup has no process_local_only section (vLLM 0.26).
 ALLOWED = ("qwen_triton_warmup", "qwen_vl_triton_warmup", "mamba_triton_warmup")
+# Not in every release (docs/compat.md): both came in 0.30; 0.34 dropped mamba_triton_warmup.
+SOME_RELEASES = ("qwen_vl_triton_warmup", "mamba_triton_warmup")
 # Where kernel_warmup is called from: the worker's warm-up, and elastic EP's new workers.
 SECTION_TARGETS = (
     "vllm.v1.worker.gpu_worker:kernel_warmup",
     "vllm.distributed.elastic_ep.elastic_execute:kernel_warmup",
 )
 REMOVE_WHEN = RemoveWhen(
-    "kernel_warmup can serialise its process-local section itself (upstream patch 0004, "
-    "opt-in: KernelConfig.serialize_process_local_warmup)",
+    "kernel_warmup can serialise its process-local section itself (upstream RFC 0004)",
     MODULE,
     ("FileLock", "flock", "take_warmup_turn"),
 )
@@ -226,7 +230,10 @@ def patches(settings: Settings) -> tuple[Patch, ...]:
 
     return (
         *(Patch(FIX.key, target, whole_section, optional=True) for target in SECTION_TARGETS),
-        *(Patch(FIX.key, f"{MODULE}:{name}", one_warm_up(name)) for name in ALLOWED),
+        *(
+            Patch(FIX.key, f"{MODULE}:{name}", one_warm_up(name), optional=name in SOME_RELEASES)
+            for name in ALLOWED
+        ),
     )
 
 

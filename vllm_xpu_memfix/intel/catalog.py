@@ -291,6 +291,35 @@ MOVING = {
     "tag instead of it; which image it is on a machine is not recorded: name the tag",
 }
 _IMAGES = {image.tag: image for image in IMAGES}
+# The vLLM release each image serves: the `git clone -b vX.Y.Z .../vllm.git` of
+# vllm/docker/Dockerfile at llm-scaler's tag for the image (at 8d66bf9e). Image 0.11.1-b7
+# is image 1.3 by digest, whose tag's Dockerfile clones v0.11.1 (tag vllm-0.11.1-b7's clones
+# v0.10.2). 0.21.0-b3.1 and the 0.26 images have no tag: 0.21.0-b3.1 is taken from its name;
+# the 0.26 ones from branch codex/vllm-0.26-dev-image (vllm/docker/Dockerfile.dev,
+# ARG VLLM_VERSION=v0.26.0) and llm-scaler #672.
+IMAGE_VLLM = {
+    "0.10.0-b2": "0.10.0",
+    "0.10.2-b5": "0.10.2",
+    "0.10.2-b6": "0.10.2",
+    "0.11.1-b7": "0.11.1",
+    "0.14.0-b8.2": "0.14.0",
+    "0.14.0-b8.2.1": "0.14.0",
+    "0.14.0-b8.3": "0.14.0",
+    "0.21.0-b1": "0.21.0",
+    "0.21.0-b2": "0.21.0",
+    "0.21.0-b3.1": "0.21.0",
+    "0.26.0-b1": "0.26.0",
+    "0.26.0-b2": "0.26.0",
+}
+
+
+def image_vllm_version(name: str) -> str | None:
+    """The vLLM release image ``name`` (a tag, an alias, or ``intel/llm-scaler-vllm:TAG``)
+    serves; None for an image not in the table."""
+    image = image_named(name)
+    return None if image is None else IMAGE_VLLM[image.tag]
+
+
 # The image to move to from one that keeps two layouts per int4 weight.
 ONE_LAYOUT_IMAGE = "intel/llm-scaler-vllm:0.21.0-b2"
 

@@ -240,7 +240,7 @@ def visible_gpus(gpus: list[Gpu], environ: Mapping[str, str]) -> list[Gpu]:
     return [device for i, device in enumerate(devices) if i in keep]
 
 
-def _dpkg_versions(sysroot: Path, packages: tuple[str, ...]) -> dict[str, str]:
+def dpkg_versions(sysroot: Path, packages: tuple[str, ...]) -> dict[str, str]:
     """The installed versions of ``packages`` in dpkg's status. Only their stanzas are
     decoded and parsed (found in the bytes): a desktop's status runs to tens of MiB."""
     data = files.host_bytes(sysroot / "var/lib/dpkg/status", files.LIST_CAP) or b""
@@ -264,7 +264,7 @@ def compute_runtime(sysroot: Path) -> Runtime | None:
     """The installed compute-runtime, from dpkg's status or the Level Zero driver's file
     name. A version that is not one (:func:`runtime_from_version`), or a year.week without
     its build, is passed over with one DEBUG line."""
-    installed = _dpkg_versions(sysroot, RUNTIME_PACKAGES)
+    installed = dpkg_versions(sysroot, RUNTIME_PACKAGES)
     status = sysroot / "var/lib/dpkg/status"
     for package in RUNTIME_PACKAGES:
         if package not in installed:
@@ -430,7 +430,7 @@ def why_no_host_copy(
 
 
 def level_zero_loader(sysroot: Path) -> str | None:
-    installed = _dpkg_versions(sysroot, LOADER_PACKAGES)
+    installed = dpkg_versions(sysroot, LOADER_PACKAGES)
     return next((installed[p] for p in LOADER_PACKAGES if p in installed), None)
 
 

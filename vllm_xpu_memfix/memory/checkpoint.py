@@ -261,15 +261,20 @@ def _read_json(path: Path, limit: int) -> Any:
 
 def read_config(directory: Path) -> tuple[dict[str, Any], str | None]:
     """config.json as a dict, or ``{}`` and why it was refused (``None`` if absent)."""
-    path = directory / "config.json"
+    return read_config_file(directory / "config.json")
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], str | None]:
+    """A JSON object file of a checkpoint (config.json, a quantization config), or ``{}``
+    and why it was refused (``None`` if absent)."""
     if not path.exists() and not path.is_symlink():
         return {}, None
     try:
         config = _read_json(path, MAX_CONFIG)
     except ValueError as exc:
-        return {}, f"config.json: {exc}"
+        return {}, f"{path.name}: {exc}"
     if not isinstance(config, dict):
-        return {}, f"config.json: a JSON {type(config).__name__}, not an object"
+        return {}, f"{path.name}: a JSON {type(config).__name__}, not an object"
     return config, None
 
 
@@ -342,8 +347,12 @@ def _shard_files(directory: Path) -> tuple[list[Path], Index | None, list[str]]:
     return [directory / name for name in index.shards], index, refused
 
 
+class SizeUnknown(CheckpointError):
+    """The files at hand do not give the weights' size (none, or shards missing)."""
+
+
 def _size_unknown(name: str, why: str) -> CheckpointError:
-    return CheckpointError(
+    return SizeUnknown(
         f"{name} {why}, so the model's size is unknown; give it with --params "
         "(e.g. --params 8B) or pass a directory that holds the weights"
     )

@@ -56,6 +56,16 @@ GGML_TYPES = {
     35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17),
 }
+# general.file_type: llama.cpp's ``enum llama_ftype`` (``include/llama.h``), the type
+# most of the weights were quantized to, as llama.cpp's file names give it.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
+    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+    38: "MXFP4_MOE",
+}  # fmt: skip
 # Metadata value types: fixed-size ones as struct formats; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
 _SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
@@ -76,6 +86,10 @@ class GgufError(ValueError):
     """A GGUF header doctor cannot read; the message says why, in one line."""
 
 
+class GgufTruncated(GgufError):
+    """The bytes end inside the header: a range read takes more, a whole file is refused."""
+
+
 class _Reader:
     def __init__(self, stream: BinaryIO) -> None:
         self.stream = stream
@@ -84,7 +98,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         data = self.stream.read(size)
         if len(data) != size:
-            raise GgufError(f"the header ends inside a field at byte {self.offset}")
+            raise GgufTruncated(f"the header ends inside a field at byte {self.offset}")
         self.offset += size
         return data
 
@@ -139,7 +153,11 @@ def _tensor(reader: _Reader) -> tuple[str, str, tuple[int, ...], int, int]:
 
 def _config(metadata: dict[str, Any]) -> dict[str, Any]:
     arch = metadata.get("general.architecture")
-    config: dict[str, Any] = {"quantization_config": {"quant_method": "gguf"}}
+    quant: dict[str, Any] = {"quant_method": "gguf"}
+    file_type = metadata.get("general.file_type")
+    if type(file_type) is int and file_type in FILE_TYPES:
+        quant["file_type"] = FILE_TYPES[file_type]
+    config: dict[str, Any] = {"quantization_config": quant}
     if isinstance(arch, str):
         config["model_type"] = arch
         for key, name in CONFIG_KEYS.items():
@@ -157,20 +175,28 @@ def read(path: Path) -> tuple[list[tuple[str, str, tuple[int, ...], int]], dict[
     try:
         size = path.stat().st_size
         with path.open("rb") as stream:
-            reader = _Reader(stream)
-            if reader.take(4) != MAGIC:
-                raise GgufError("not a GGUF file (no GGUF magic)")
-            version = int(reader.scalar("<I"))
-            if version not in VERSIONS:
-                raise GgufError(f"GGUF version {version}; doctor reads versions 2 and 3")
-            tensors, pairs = reader.count("a tensor count of"), reader.count("a metadata count of")
-            metadata = {}
-            for _ in range(pairs):
-                key = reader.string()
-                metadata[key] = reader.value(int(reader.scalar("<I")))
-            entries = [_tensor(reader) for _ in range(tensors)]
+            return parse(stream, size)
     except OSError as exc:
         raise GgufError(f"cannot read it ({exc.strerror or exc})") from exc
+
+
+def parse(
+    stream: BinaryIO, size: int
+) -> tuple[list[tuple[str, str, tuple[int, ...], int]], dict[str, Any]]:
+    """The header at the start of ``stream``, of a GGUF file of ``size`` bytes: a file on
+    disk, or the first bytes of one on the Hub (``GgufTruncated`` where they end too soon)."""
+    reader = _Reader(stream)
+    if reader.take(4) != MAGIC:
+        raise GgufError("not a GGUF file (no GGUF magic)")
+    version = int(reader.scalar("<I"))
+    if version not in VERSIONS:
+        raise GgufError(f"GGUF version {version}; doctor reads versions 2 and 3")
+    tensors, pairs = reader.count("a tensor count of"), reader.count("a metadata count of")
+    metadata = {}
+    for _ in range(pairs):
+        key = reader.string()
+        metadata[key] = reader.value(int(reader.scalar("<I")))
+    entries = [_tensor(reader) for _ in range(tensors)]
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if type(alignment) is not int or alignment <= 0:
         raise GgufError(f"general.alignment {alignment!r} is not a positive integer")

@@ -13,8 +13,9 @@ from typing import Any
 
 from vllm_xpu_memfix.core.causes import DRIVER_HOST_COPY
 from vllm_xpu_memfix.core.log import see
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.core.units import GiB, MiB
-from vllm_xpu_memfix.memory import snapshot
+from vllm_xpu_memfix.memory import ledger_files, snapshot
 from vllm_xpu_memfix.memory.attribution import Attribution, HostCopy, attribute
 from vllm_xpu_memfix.memory.snapshot import Snapshot
 
@@ -67,6 +68,21 @@ def _mib_known(value: int) -> str:
     return f"{value / MiB:,.1f}" if value < 10 * MiB else f"{value / MiB:,.0f}"
 
 
+def prune(directory: Path, older_than_s: float) -> int:
+    """Remove the ledger files of ``directory`` not written to for ``older_than_s``; how
+    many. One that cannot be removed stays (another user's, in a shared directory)."""
+    removed = 0
+    cutoff = time.time() - older_than_s
+    for path in directory.glob(ledger_files.PATTERN):
+        try:
+            if path.is_file() and not path.is_symlink() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
 class Ledger:
     """Snapshots at start-up phases; each phase is recorded once, in the order it happens.
 
@@ -89,6 +105,9 @@ class Ledger:
             jsonl_dir / f"ledger-{socket.gethostname()}-{os.getpid()}.jsonl" if jsonl_dir else None
         )
         self.write_error: str | None = None
+        # The vLLM start-up this process belongs to: its rows are read apart from another
+        # server's that shares the directory.
+        self.start = start_identity()
 
     def has(self, phase: str) -> bool:
         return any(e.phase == phase for e in self.entries)
@@ -121,6 +140,7 @@ class Ledger:
             "pid": entry.snapshot.pid,
             "role": self.role,
             "rank": self.rank,
+            "start": self.start,
             "ts": entry.snapshot.ts,
             **entry.snapshot.as_dict(),
             "tree_anon_pss": entry.tree_anon_pss,
@@ -128,7 +148,7 @@ class Ledger:
             **entry.extra,
         }
         try:
-            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            self.jsonl_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self.jsonl_path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
         except OSError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_xpu_memfix.core.numbers import printable
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.memory import ledger_files
 
@@ -36,15 +37,19 @@ def _of_this_start(row: dict[str, Any], since: float) -> bool:
 
 
 def ledger_rows(directory: Path | None, since: float) -> LedgerRows:
-    """The ledger files as ``ledger_files`` reads them; a line that is not one of this
-    start's rows is skipped and counted, and a file that cannot be read counts as one
-    skipped row."""
+    """The ledger files as ``ledger_files`` reads them, the rows of this start-up only
+    (``core.process.start_identity``: a server sharing the directory, or an earlier start,
+    has its own); a line of it that is not a row is skipped and counted, and a file that
+    cannot be read counts as one skipped row."""
     if directory is None or not directory.is_dir():
         return LedgerRows([], 0)
     found = ledger_files.read(directory)
     skipped = len(found.unreadable) + found.junk_lines
     by_pid: dict[int, dict[str, Any]] = {}
+    start = start_identity()
     for row in found.rows:
+        if row.get("start") != start:
+            continue
         if not _of_this_start(row, since):
             skipped += 1
         elif row["pid"] != os.getpid():
@@ -80,7 +85,7 @@ def likely_victim(rows: LedgerRows, error: BaseException) -> dict[str, Any] | No
 def victim_words(victim: dict[str, Any] | None, ledger_set: bool) -> str:
     """``worker-0 pid=7 after phase 'weights loaded'; host then MemAvailable ...``."""
     if victim is None:
-        unrecorded = "" if ledger_set else ": set VLLM_XPU_MEMFIX_LEDGER_DIR to record phases"
+        unrecorded = "" if ledger_set else ": VLLM_XPU_MEMFIX_LEDGER_DIR=off records none"
         return f"a vLLM process (phase unknown{unrecorded})"
     role, phase = printable(str(victim.get("role")), 40), printable(str(victim.get("phase")), 60)
     words = f"{role} pid={victim['pid']} after phase '{phase}'"

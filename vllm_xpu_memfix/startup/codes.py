@@ -67,7 +67,8 @@ CAUSES = {
     TP_EXCEEDS_GPUS: "more ranks on this node (engines x TP x PP) than GPUs visible to vLLM: "
     "it refuses to start",
     VLLM_REFUSES: "vLLM refuses the start-up before any memory is used: TP not dividing the "
-    "attention heads, --max-model-len above the model's own, a format it does not serve on XPU",
+    "attention heads, --max-model-len above the model's own, a format it does not serve on XPU, "
+    "or any other check of its configuration (its own message, where vLLM is installed)",
     CONTEXT_EXCEEDS_KV_CACHE: "the KV cache cannot hold one --max-model-len sequence: vLLM "
     "refuses when it sets the cache up",
 }
@@ -104,6 +105,7 @@ QUANTIZE = "quantize"
 MAX_MODEL_LEN = "max_model_len"
 KV_CACHE_DTYPE = "kv_cache_dtype"
 TP_FOR_GPUS = "tp_for_visible_gpus"
+VLLM_ACCEPTS = "vllm_accepts"
 # Remedies that help only together are one remedy, their codes joined by this.
 JOINED = "+"
 
@@ -128,7 +130,8 @@ REMEDIES = {
     "converted on the host; needs such a checkpoint of the model",
     NEWER_IMAGE: "an llm-scaler image whose sym_int4 keeps one device layout per weight",
     GPU_MEMORY_UTILIZATION: "a lower --gpu-memory-utilization: less KV cache, so less device "
-    "memory and (with the host copy) less pinned host memory; fewer concurrent tokens",
+    "memory and (with the host copy) less pinned host memory; fewer concurrent tokens. Or a "
+    "higher one, where the KV cache cannot hold one sequence and the device has room",
     KV_HEADROOM: "the plugin's kv_headroom: keeps the gathered logits plus a slack out of the "
     "KV cache for the sampler warm-up; a little less KV cache",
     CONTAINER_LIMIT: "raise the container's memory limit (docker run --memory)",
@@ -141,4 +144,6 @@ REMEDIES = {
     KV_CACHE_DTYPE: "--kv-cache-dtype fp8: one byte a KV element, twice the tokens",
     TP_FOR_GPUS: "a --tensor-parallel-size the visible GPUs hold (or make more GPUs visible) "
     "and that divides the attention heads",
+    VLLM_ACCEPTS: "the nearest change of the flags vLLM's refusal names that vLLM's own "
+    "configuration accepts (doctor builds it again to know)",
 }

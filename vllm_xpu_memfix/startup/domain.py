@@ -3,8 +3,9 @@
 - ``MODELLED``: the model reads it (``sizing.ServeArgs``).
 - ``NO_MEMORY_EFFECT``: it changes no memory the model judges (names, logging, ports,
   timeouts, scheduling order, tokenizer).
-- not modelled, with the side it changes: ``host``, ``device`` or both. A start-up that
-  sets one away from its default is judged at most "at risk" on that side, naming it.
+- not modelled, with the side it changes: ``host``, ``device`` or both. A failure on that
+  side, in a phase the field could lower (``reach`` says, phase by phase, which way each
+  field can move memory), is judged at most "at risk", naming it.
 
 The fields are those of the installed vLLM 0.32.0 and of 0.34.0's ``vllm/engine/
 arg_utils.py`` (the 0.34-only ones marked); a test fails on a field not classified here.

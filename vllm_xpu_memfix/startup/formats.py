@@ -169,3 +169,33 @@ def from_config(config: dict[str, Any] | None) -> Format | None:
 def given(method: str) -> Format:
     """A method given with ``-q`` on a 16-bit checkpoint: converted while loading."""
     return Format(method, ON_THE_FLY.get(method), False, "-q")
+
+
+def label(fmt: Format, quant: dict[str, Any] | None) -> str:
+    """The format as doctor names it: the method, with what its config says of the weights
+    (``gguf Q4_K_M``, ``awq 4-bit, group 128``, ``compressed-tensors float 8-bit``)."""
+    if not fmt.method:
+        return "none (weights as stored)"
+    if not fmt.prequantized:
+        return f"{fmt.method} (-q, converted while loading)"
+    quant = quant or {}
+    if fmt.method == "gguf":
+        kind = quant.get("file_type")
+        return f"gguf {kind}" if isinstance(kind, str) else "gguf"
+    if fmt.method in _INT_GROUPED:
+        bits = _number(quant, "bits", "w_bit", "weight_bits")
+        group = _number(quant, "group_size", "q_group_size")
+        parts = [f"{bits}-bit" if bits else "", f"group {group}" if group else ""]
+        detail = ", ".join(p for p in parts if p)
+        return f"{fmt.method} {detail}".strip()
+    if fmt.method == "compressed-tensors":
+        groups = quant.get("config_groups")
+        schemes = sorted(
+            {
+                f"{w.get('type', '')} {w.get('num_bits')}-bit".strip()
+                for g in (groups.values() if isinstance(groups, dict) else ())
+                if isinstance(g, dict) and isinstance(w := g.get("weights"), dict)
+            }
+        )
+        return " ".join([fmt.method, ", ".join(schemes)]).strip()
+    return fmt.method

@@ -4,12 +4,25 @@ fitted context, and the cap a flag outside the model (``domain``) puts on its si
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from vllm_xpu_memfix.startup import domain
+from vllm_xpu_memfix.startup import domain, reach
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.startup import phases
+
+
+def keeps_kv(inp: phases.Inputs) -> bool:
+    """Whether vLLM allocates a KV cache (an encoder-only model keeps none; the device then
+    holds the weights and activations, not the utilisation's share)."""
+    return inp.kv_layout is None or inp.kv_layout.allocates
+
+
+def kv_bytes_per_token(inp: phases.Inputs) -> float | None:
+    """Per rank, what a long sequence adds per token (the layers keeping every one)."""
+    kv = inp.kv_layout
+    return kv.per_token(inp.tp, inp.kv_element_bytes) if kv and kv.allocates else None
 
 
 def kv_tokens(inp: phases.Inputs) -> int | None:
@@ -57,11 +70,14 @@ def ranks_why(inp: phases.Inputs) -> str:
 
 
 def vllm_refusals(inp: phases.Inputs) -> list[str]:
-    """vLLM's refusals read before any memory: the format on the platform, the context,
-    and TP against the heads (vllm/config/model.py:ModelConfig.verify_with_parallel_config)."""
+    """vLLM's refusals read before any memory: vLLM's own where it built the configuration
+    (``config_checked``), else the model's hand-written ones: the context (``context``) and
+    TP against the heads (vllm/config/model.py:ModelConfig.verify_with_parallel_config), the
+    latter also for a TP vLLM did not check (a remedy's, ``resizing.with_tp``). The format
+    on XPU stays in either case: the test bed's vLLM checks its own platform."""
     found = list(inp.refusals)
     heads = inp.attention_heads
-    if heads and heads % inp.tp:
+    if heads and heads % inp.tp and not inp.config_checked:
         found.append(
             f"total number of attention heads ({heads}) must be divisible by tensor parallel "
             f"size ({inp.tp}) (vllm/config/model.py:ModelConfig.verify_with_parallel_config)"
@@ -74,14 +90,35 @@ def unmodelled_on(inp: phases.Inputs, side: str) -> list[str]:
     return [flag for flag in inp.not_modelled if domain.side_of(flag) in (side, domain.BOTH)]
 
 
-def capped(inp: phases.Inputs, side: str, why: str) -> str | None:
-    """``why`` capped at "at risk" where a not-modelled flag changes ``side``; else None."""
-    flags = unmodelled_on(inp, side)
-    if not flags:
+def _name(flag: str) -> str:
+    return flag.split("=")[0].split(" ")[0]
+
+
+def rescuing(flags: Iterable[str], phase: str) -> list[str]:
+    """Of ``flags`` (not-modelled, as named), those that could lower ``phase``."""
+    names = [_name(flag) for flag in flags]
+    return [name for name in names if reach.can_lower(domain.field_of(name) or "", phase)]
+
+
+def capped(inp: phases.Inputs, side: str, why: str, phase: str) -> str | None:
+    """``why``, a failure at ``phase`` on ``side``, capped at "at risk" where a
+    not-modelled flag could lower that phase there (``reach``), naming it; else None: the
+    failure stands, whatever else is set."""
+    names = rescuing(unmodelled_on(inp, side), phase)
+    if not names:
         return None
-    names = [flag.split("=")[0].split(" ")[0] for flag in flags]
     named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-    return f"{why}; not modelled on the {side}: {named}, so at most at risk"
+    return f"{why}; not modelled on the {side}: {named} can lower it, so at most at risk"
+
+
+def cannot_rescue(inp: phases.Inputs, side: str, phase: str) -> str:
+    """The not-modelled flags set on ``side`` that cannot lower ``phase``, in a clause
+    for a failure that stands; "" where none is set."""
+    names = [_name(flag) for flag in unmodelled_on(inp, side)]
+    if not names:
+        return ""
+    named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+    return f"{named} set, which cannot lower the {phase} phase"
 
 
 def fitted(inp: phases.Inputs) -> str:

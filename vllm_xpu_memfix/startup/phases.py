@@ -86,6 +86,7 @@ class Inputs:
     model_max_len: int | None = None
     attention_heads: int | None = None
     refusals: tuple[str, ...] = ()  # vLLM's reasons to refuse, read before any memory
+    config_checked: bool = False  # vLLM built the configuration: its own checks ran
     not_modelled: tuple[str, ...] = ()  # flags set that the model does not cover
     gpus_in_context: int = 0
     battlemage_in_context: int = 0
@@ -140,9 +141,7 @@ class Inputs:
 
     @property
     def kv_bytes_per_token(self) -> float | None:
-        """Per rank, what a long sequence adds per token (the layers keeping every one)."""
-        kv = self.kv_layout
-        return kv.per_token(self.tp, self.kv_element_bytes) if kv and kv.allocates else None
+        return limits.kv_bytes_per_token(self)
 
     @property
     def kv_tokens(self) -> int | None:
@@ -277,9 +276,8 @@ def _device(inp: Inputs) -> dict[str, float | None]:
         at_warmup = w + kv + max(inp.activation_bytes, new) + WARMUP_OUTSIDE_TORCH
     else:
         assert inp.device_bytes is not None
-        at_kv = max(inp.utilization * inp.device_bytes - inp.reserve, w + inp.profile_peak)
-        if inp.kv_layout is not None and not inp.kv_layout.allocates:
-            at_kv = w + inp.profile_peak  # encoder-only: vLLM allocates no KV cache
+        filled = inp.utilization * inp.device_bytes - inp.reserve if limits.keeps_kv(inp) else 0
+        at_kv = max(filled, w + inp.profile_peak)
         new = burst.gathered_logits if burst else 0.0
         at_warmup = at_kv + new + WARMUP_OUTSIDE_TORCH
     return {codes.LOAD: load, codes.KV_CACHE: at_kv, codes.WARMUP: at_warmup}
@@ -444,7 +442,8 @@ def run(inp: Inputs) -> Outcome:
     device cannot hold fails there, whatever the host. "will fail" only where every
     condition is known to hold (a refusal, ranks above the visible GPUs, #916 with peer
     access known); a possible failure makes the verdict "at risk", named in ``why``. A flag
-    the model does not cover caps its side's verdict at "at risk"."""
+    the model does not cover caps a failure at "at risk" only where it could lower the
+    failing phase on that side (``reach``); one that cannot leaves the failure standing."""
     phases = _phases(inp)
     causes = _causes(inp, phases)
     start = {"phase": codes.LOAD, "where": codes.DEVICE}
@@ -467,9 +466,11 @@ def run(inp: Inputs) -> Outcome:
             ("compute-runtime #916: every device allocation fails", codes.XE_PEER_CONTEXT_OOM)
         )
     for text, code in certain:
-        capped = limits.capped(inp, codes.DEVICE, text)
+        capped = limits.capped(inp, codes.DEVICE, text, codes.LOAD)
         if capped is None:
-            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, text, code)
+            stands = limits.cannot_rescue(inp, codes.DEVICE, codes.LOAD)
+            why = "; ".join(part for part in (text, stands) if part)
+            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, why, code)
         if worst == codes.FITS:
             worst, why, side = codes.AT_RISK, capped, codes.DEVICE
     for name, phase in phases.items():
@@ -477,10 +478,12 @@ def run(inp: Inputs) -> Outcome:
             judged, share = judge(inp, name, phase)
             text = f"{where} at {name}: {share}"
             if judged == codes.RUNS_OUT:
-                capped = limits.capped(inp, where, text)
+                capped = limits.capped(inp, where, text, name)
                 if capped is None:
                     main = _main_cause(causes, where)
                     at = {"phase": name, "where": where}
+                    stands = limits.cannot_rescue(inp, where, name)
+                    text = "; ".join(part for part in (text, stands) if part)
                     return Outcome(inp, phases, causes, codes.RUNS_OUT, at, text, main)
                 judged, text = codes.AT_RISK, capped
             if judged == codes.AT_RISK and worst == codes.FITS:

@@ -2,14 +2,15 @@
 
 The preflight (``fixes/preflight``) hands its verdict here (:func:`keep`): each phase's need
 from the verdict's JSON (the XPU start-up model's phases, or the CPU backend's weights and
-KV cache); with ``VLLM_XPU_MEMFIX_LEDGER_DIR`` set it is also a ``preflight`` ledger row.
-When the API server has its engine (vLLM 0.32: ``build_and_serve`` in
-``vllm/entrypoints/launchers/api_server/entry.py``, called by ``run_server_worker`` once
-``build_async_engine_client`` has started the engine: weights loaded, KV cache allocated,
-warm-up done; before the HTTP server listens), one INFO line puts the predicted host need
+KV cache); unless ``VLLM_XPU_MEMFIX_LEDGER_DIR`` is ``off``, it is also a ``preflight`` ledger
+row.
+When the API server has its engine (``build_and_serve``, called by ``run_server_worker``
+once ``build_async_engine_client`` has started the engine: weights loaded, KV cache
+allocated, warm-up done; before the HTTP server listens), one INFO line puts the predicted host need
 (the largest phase's) beside the host memory measured then: the vLLM tree's anonymous +
 shmem PSS plus the rise of the memory GPU drivers hold (``GPUActive``) since the preflight,
-as a ratio; and the device where the workers' ledger rows read it (DRM ``drm-total-vram``).
+as a ratio; and the device where this start-up's worker rows read it (DRM
+``drm-total-vram``; rows carry their start-up, ``core.process.start_identity``).
 The API server's ``ready`` ledger row keeps the figures; ``vllm-xpu-memfix report`` shows
 them. Measured at ready, not over the start: a transient peak while loading is not in it.
 """
@@ -24,6 +25,7 @@ from typing import Any
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch
+from vllm_xpu_memfix.core.process import start_identity
 from vllm_xpu_memfix.core.units import GiB, MiB
 from vllm_xpu_memfix.memory import ledger_files
 
@@ -31,8 +33,14 @@ logger = get_logger("prediction_check")
 
 PREDICTED = "preflight"
 READY = "ready"
-# vLLM 0.32: the API server calls it once, when its engine is up, before it serves.
-READY_TARGET = "vllm.entrypoints.launchers.api_server.entry:build_and_serve"
+# The API server calls build_and_serve once, when its engine is up, before it serves. It is
+# defined in vllm/entrypoints/openai/api_server.py in 0.26.0 to 0.28.0 and in
+# vllm/entrypoints/launchers/api_server/entry.py from 0.29.0 (the old module re-exports it
+# there); read in each release's wheel (docs/compat.md, tests/data/ready_hook.json).
+READY_TARGETS = (
+    "vllm.entrypoints.launchers.api_server.entry:build_and_serve",
+    "vllm.entrypoints.openai.api_server:build_and_serve",
+)
 # Ledger rows read back for the device figure: a start's few workers write a few KiB each.
 LEDGER_CAP = 4 * MiB
 
@@ -44,6 +52,7 @@ class Prediction:
     device_bytes: float | None  # a rank's, where the device was judged
     gpu_active: int | None  # the GPU drivers' host memory when the preflight ran
     started: float
+    host_includes: str = ""  # what the predicted host figure counts, in words
 
 
 _KEPT: list[Prediction] = []  # this process's last preflight prediction
@@ -80,6 +89,7 @@ def _predicted(settings: Settings, verdict: Any, line: str) -> Prediction:
         max(devices) if devices else None,
         ProcReader(settings.sysroot).take("self", pss=False).gpu_active,
         time.time(),
+        str(verdict.json.get("host_includes") or ""),
     )
     if settings.ledger_dir is not None:
         _ledger(settings).record(
@@ -96,33 +106,38 @@ def _predicted(settings: Settings, verdict: Any, line: str) -> Prediction:
     return prediction
 
 
-def patch(fix: str, settings: Settings) -> Patch:
-    """The ready point's patch: the line, once, before vLLM serves."""
+def patches(fix: str, settings: Settings) -> tuple[Patch, ...]:
+    """The ready point's patches, one per place a release line has it: the line, once per
+    prediction, before vLLM serves."""
 
     def at_ready_hook(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
         if _KEPT:
             try:
-                logger.info("%s", at_ready(settings, _KEPT[0]))
+                logger.info("%s", at_ready(settings, _KEPT.pop()))
             except Exception as exc:  # never into vLLM
                 logger.debug("vllm-xpu-memfix: no ready line (internal error: %r)", exc)
         return wrapped(*args, **kwargs)
 
-    return Patch(fix, READY_TARGET, at_ready_hook, once=True, optional=True)
+    return tuple(
+        Patch(fix, target, at_ready_hook, once=True, optional=True, group=READY)
+        for target in READY_TARGETS
+    )
 
 
 def _rounded(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
-def workers_vram(directory: Path | None, since: float) -> int | None:
-    """The largest device memory one process of this start held (DRM ``drm-total-vram`` of
-    the ledger rows since ``since``); None where no row reads it."""
+def workers_vram(directory: Path | None, start: str) -> int | None:
+    """The largest device memory one process of start-up ``start`` held (DRM
+    ``drm-total-vram`` of its ledger rows: another server's sharing the directory are not
+    this one's); None where no row reads it."""
     if directory is None:
         return None
     largest = None
     for row in ledger_files.read(directory, LEDGER_CAP).rows:
         vram = row.get("drm_total_vram")
-        if isinstance(vram, int) and (row.get("ts") or 0) >= since:
+        if isinstance(vram, int) and row.get("start") == start:
             largest = max(largest or 0, vram)
     return largest
 
@@ -142,8 +157,10 @@ def at_ready(settings: Settings, prediction: Prediction) -> str:
     if now is not None and prediction.gpu_active is not None:
         held = max(0, now - prediction.gpu_active)
     measured = None if tree is None else tree + (held or 0)
-    vram = workers_vram(settings.ledger_dir, prediction.started)
+    vram = workers_vram(settings.ledger_dir, start_identity())
     host = f"host: predicted {prediction.host_bytes / GiB:,.2f} GiB"
+    if prediction.host_includes:
+        host += f" ({prediction.host_includes})"
     if measured is None:
         host += ", measured n/a (the vLLM tree's PSS could not be read)"
     else:

@@ -21,6 +21,7 @@ from vllm_xpu_memfix.startup import phases as model
 # Cheapest first: a variable, a plugin switch, a flag that costs time, one that costs KV
 # cache, one that costs P2P, an image, a checkpoint, a driver, a kernel, hardware.
 COST_ORDER = (
+    codes.VLLM_ACCEPTS,
     codes.DRIVER_GUARD,
     codes.KV_HEADROOM,
     codes.LOAD_SLOTS,
@@ -61,6 +62,8 @@ class Context:
     user_set: Mapping[str, str] = field(default_factory=dict)  # driver keys the user set
     room: Room | None = None
     image: catalog.Image | None = None
+    # vLLM refused: the changes its configuration accepts, (code, what, cost, inputs)
+    accepted: tuple[tuple[str, str, str, model.Inputs], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
             )
     found += _more_room(context, out)
     found += resizing.context(out)
+    found += resizing.higher_utilization(out)
     found += _quantize(out)
     found += resizing.tp_for_gpus(out)
     found += _more_gpus(out)
@@ -401,7 +405,11 @@ def remedies(out: model.Outcome, context: Context | None = None) -> Judged:
         return Judged([], [])
     # vLLM's refusal is not memory's: only a TP that divides the heads answers one.
     refused = out.main_cause == codes.VLLM_REFUSES
-    candidates = resizing.tp_for_heads(out) if refused else _candidates(context or Context(), out)
+    context = context or Context()
+    if refused:
+        candidates = list(context.accepted) or resizing.tp_for_heads(out)
+    else:
+        candidates = _candidates(context, out)
     found = [_remedy(out, *candidate) for candidate in candidates]
     if not any(r.after.memory_fits for r in found):
         found += _combination(out, candidates)

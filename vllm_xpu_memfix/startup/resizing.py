@@ -1,24 +1,34 @@
 """Remedies that resize the command: another TP size (for more GPUs, or for the GPUs
-visible), a --max-model-len the KV cache holds, an FP8 KV cache. Each gives the model's
+visible), a --max-model-len the KV cache holds, an FP8 KV cache, a higher utilisation
+where the device has room for the KV cache the command needs. Each gives the model's
 inputs as the command would change them; ``remedies`` runs the model on them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from vllm_xpu_memfix.core.units import size
 from vllm_xpu_memfix.startup import codes, limits
 from vllm_xpu_memfix.startup import phases as model
 
 # Tensor-parallel sizes tried for more_gpus (vLLM needs TP to divide the heads).
 TP_SIZES = (2, 4, 8, 16)
 BLOCK = 16  # a --max-model-len remedy is rounded down to vLLM's KV block
+HIGHEST_UTILIZATION = 0.99  # vLLM takes up to 1.0; the model judges each value
 
 
 def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
     """``inp`` at another TP size: each rank a share of the weights and KV heads (the
-    KV layout splits them, as vLLM does)."""
+    KV layout splits them, as vLLM does); a TP vLLM has not checked, so the model's own
+    rules judge it."""
     ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
-    return replace(inp, tp=tp, ranks_here=ranks, gpus_in_context=max(ranks, inp.gpus_in_context))
+    return replace(
+        inp,
+        tp=tp,
+        config_checked=False,
+        ranks_here=ranks,
+        gpus_in_context=max(ranks, inp.gpus_in_context),
+    )
 
 
 def tp_sizes(inp: model.Inputs) -> list[int]:
@@ -117,3 +127,30 @@ def context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
             )
         )
     return found
+
+
+def higher_utilization(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
+    """A KV cache that cannot hold one --max-model-len sequence, or none at all, at the
+    utilisation asked (0.3, say) on a device with room: the lowest utilisation above it at
+    which the model judges the start-up to fit."""
+    inp = out.inputs
+    if out.fails_at != {"phase": codes.KV_CACHE, "where": codes.DEVICE}:
+        return []
+    if inp.kv_cache_bytes is not None or not inp.device_bytes:
+        return []
+    steps = round((HIGHEST_UTILIZATION - inp.utilization) * 100)
+    for step in range(1, steps + 1):
+        value = round(inp.utilization + step / 100, 2)
+        changed = replace(inp, utilization=value)
+        if model.run(changed).memory_fits:
+            before, after = inp.kv_cache or 0.0, changed.kv_cache or 0.0
+            return [
+                (
+                    codes.GPU_MEMORY_UTILIZATION,
+                    f"--gpu-memory-utilization {value:.2f}",
+                    f"KV cache per rank {size(max(before, 0.0))} -> {size(after)}: less of "
+                    "the device left for anything else on it",
+                    changed,
+                )
+            ]
+    return []

@@ -18,7 +18,6 @@ from vllm_xpu_memfix.startup import context, formats, kv_layout, layout, phases,
 # Quantization methods that convert 16-bit weights while loading, through the host.
 ON_THE_FLY_QUANT = frozenset(formats.ON_THE_FLY)
 INT4 = formats.INTEL_INT4
-_NAME_FORMAT = re.compile(r"[-_.](fp8|awq|gptq|int4|w4a16|w8a8|int8)(?=$|[-_.])", re.IGNORECASE)
 # vLLM's `vllm serve` defaults where the line does not give them (EngineArgs: 256
 # sequences outside the large data-centre GPUs; 8192 batched tokens for the API server).
 DEFAULT_MAX_NUM_SEQS = 256
@@ -64,6 +63,12 @@ class ServeArgs:
     enable_expert_parallel: bool = False
     distributed_executor_backend: str | None = None
     cpu_offload_gb: float = 0.0
+    # True where vLLM built the configuration from these arguments (doctor's vLLM path,
+    # the preflight): its configuration-time checks ran, so the model's hand-written ones
+    # (``limits.vllm_refusals``, ``context.refusal``) stay out; ``refused``: vLLM's own
+    # messages where it refused to build it.
+    config_checked: bool = False
+    refused: tuple[str, ...] = ()
     # Flags of a pasted serve line (or EngineArgs fields, in the preflight) set away from
     # their default that the model does not cover, as given.
     not_modelled: tuple[str, ...] = ()
@@ -95,27 +100,25 @@ class Machine:
     int4_layouts: int = 1
 
 
-def checkpoint_format(ckpt: Checkpoint | None, name: str | None) -> formats.Format | None:
-    """The format a checkpoint was quantized to ahead of time, from config.json's
-    ``quantization_config``, else the model's name (then assumed)."""
-    if ckpt is not None:
-        quant = text_config(ckpt.config).get("quantization_config") or ckpt.config.get(
-            "quantization_config"
-        )
-        found = formats.from_config(quant)
-        if found is not None:
-            return found
-    match = _NAME_FORMAT.search(name or "")
-    if match:
-        method = match.group(1).lower()
-        source = f"assumed from the model's name ({match.group(0)[1:]})"
-        return formats.Format(method, formats.prequantized_bytes(method, {}), True, source)
-    return None
+def quantization_config(ckpt: Checkpoint | None) -> dict[str, Any] | None:
+    """The checkpoint's ``quantization_config`` (the text model's, else the top level's)."""
+    if ckpt is None:
+        return None
+    quant = text_config(ckpt.config).get("quantization_config") or ckpt.config.get(
+        "quantization_config"
+    )
+    return quant if isinstance(quant, dict) else None
+
+
+def checkpoint_format(ckpt: Checkpoint | None) -> formats.Format | None:
+    """The format a checkpoint was quantized to ahead of time, from its own metadata
+    (config.json's ``quantization_config``, a GGUF header). Never from the model's name."""
+    return formats.from_config(quantization_config(ckpt))
 
 
 def weight_format(ckpt: Checkpoint | None, args: ServeArgs) -> formats.Format:
     """The checkpoint's own format, else ``-q``'s (converted while loading), else none."""
-    own = checkpoint_format(ckpt, args.model)
+    own = checkpoint_format(ckpt)
     if own is not None:
         return own
     given = (args.quantization or "").lower()
@@ -292,12 +295,10 @@ def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tupl
     return legacy, why
 
 
-def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> tuple[str, str]:
-    """The method the weights load with (the checkpoint's format, else ``-q``), and the
-    ``assumed:`` line where only the model's name said so."""
-    fmt = weight_format(ckpt, args)
-    assumed = fmt.source.startswith("assumed")
-    return fmt.method, (f"{fmt.method} checkpoint, {fmt.source}" if assumed else "")
+def quantization(ckpt: Checkpoint | None, args: ServeArgs) -> str:
+    """The weights' format as doctor names it: the checkpoint's method and its parameters
+    (``gguf Q4_K_M``, ``awq 4-bit, group 128``), ``-q``'s, or none."""
+    return formats.label(weight_format(ckpt, args), quantization_config(ckpt))
 
 
 def _layout(args: ServeArgs) -> layout.Layout:
@@ -345,6 +346,7 @@ def _model_facts(ckpt: Checkpoint | None, args: ServeArgs, machine: Machine) -> 
     own = context.model_max_len(config)
     fmt = weight_format(ckpt, args)
     length = args.max_model_len
+    asked = "" if args.config_checked else context.refusal(length, config, machine.environ)
     if length is None and not args.max_model_len_fitted and own is not None:
         length = own[0]  # vLLM's default: the model's own context
     return {
@@ -352,11 +354,13 @@ def _model_facts(ckpt: Checkpoint | None, args: ServeArgs, machine: Machine) -> 
         "model_max_len": None if own is None else own[0],
         "max_model_len": length,
         "max_model_len_fitted": args.max_model_len_fitted,
+        "config_checked": args.config_checked,
         "refusals": tuple(
             why
             for why in (
+                *args.refused,
                 fmt.xpu_refusal,
-                context.refusal(args.max_model_len, config, machine.environ),
+                asked,
             )
             if why
         ),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +14,8 @@ from vllm_xpu_memfix.cli.demo.server import Server
 from vllm_xpu_memfix.cli.demo.tiny_model import make_model
 
 DEFAULT_WORKDIR = Path("vllm-xpu-memfix-demo")
+# What the demo imports: vLLM serves, torch, transformers and tokenizers make the model.
+NEEDS = ("vllm", "torch", "transformers", "tokenizers")
 
 
 _PLUGIN_LINE = re.compile(r"\] vllm-xpu-memfix[ :]")
@@ -83,5 +87,26 @@ def run_demo(workdir: Path = DEFAULT_WORKDIR, say: Callable[[str], None] = print
     return 0
 
 
+def missing_packages() -> list[str]:
+    """Of ``NEEDS``, those this Python cannot import (found without importing them)."""
+    absent = []
+    for name in NEEDS:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken install, or a None in sys.modules
+            found = False
+        if not found:
+            absent.append(name)
+    return absent
+
+
 def main(args: argparse.Namespace) -> int:
+    absent = missing_packages()
+    if absent:
+        print(
+            f"vllm-xpu-memfix demo: no {', '.join(absent)} in this Python; run it where vLLM "
+            "is installed, or `make demo` in a checkout (it installs vLLM's CPU build)",
+            file=sys.stderr,
+        )
+        return 2
     return run_demo(Path(args.workdir))

@@ -10,12 +10,14 @@ would run without the plugin unless the file says it is installed); ``--write-ho
 writes this machine's file. The command is doctor's own flags, or a whole ``vllm serve``
 line after ``--``.
 
-The model is a directory or a Hugging Face id, read from the local Hugging Face
-cache (never the network). Whatever doctor could not see or refused is said in the
-report; a checkpoint it cannot read at all exits 2 with one line saying why.
+The model is a directory, a GGUF file or a Hugging Face id: read from the local Hugging
+Face cache, else its metadata from the Hub by range request (never its weights). Whatever
+doctor could not see or refused is said in the report; a checkpoint it cannot read at all,
+or whose format and size nothing tells, exits 2 with one line saying why.
 
 One module a step: ``facts`` reads the host and the model (``hostfile`` and ``described``
-a machine in a file, ``serveline`` a pasted command); the start-up model
+a machine in a file; a pasted command ``vllmline``, by the installed vLLM's parser and
+configuration, else ``serveline``, doctor's own); the start-up model
 (``vllm_xpu_memfix.startup``: ``sizing`` makes its inputs, ``phases`` judges, ``remedies``
 re-runs it with each remedy) gives one outcome; ``advice`` says what could not be seen,
 ``sections`` and ``render`` give the report; this module wires them to the command line.
@@ -31,15 +33,18 @@ from pathlib import Path
 
 from vllm_xpu_memfix.cli.doctor import (
     advice,
+    choices,
     described,
     facts,
     hostfile,
     render,
     sections,
     serveline,
+    vllmline,
 )
 from vllm_xpu_memfix.core import config, files
 from vllm_xpu_memfix.fixes import driver_env
+from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -50,16 +55,33 @@ def outcome_for(measured: facts.Measurement, args: ServeArgs) -> phases.Outcome:
     return phases.run(sizing.inputs_for(measured.machine(), args, measured.ckpt))
 
 
-def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
+def _accepted(
+    measured: facts.Measurement, reading: vllmline.Reading | None
+) -> tuple[tuple[str, str, str, phases.Inputs], ...]:
+    """The changes of a refused line that vLLM accepts, as the model's inputs."""
+    if reading is None:
+        return ()
+    machine = measured.machine()
+    return tuple(
+        (fix.code, fix.what, fix.cost, sizing.inputs_for(machine, fix.args, measured.ckpt))
+        for fix in reading.fixes
+    )
+
+
+def report_for(
+    measured: facts.Measurement, args: ServeArgs, reading: vllmline.Reading | None = None
+) -> render.Report:
     outcome = outcome_for(measured, args)
-    context = remedies.Context(measured.guard.user_set, measured.room, measured.image)
+    context = remedies.Context(
+        measured.guard.user_set, measured.room, measured.image, _accepted(measured, reading)
+    )
     judged = remedies.remedies(outcome, context)
     return render.Report(
         host=sections.host_section(measured.snap, measured.room),
         gpus=sections.gpu_section(measured),
         environment={k: measured.environ[k] for k in facts.RELEVANT_ENV if k in measured.environ},
         plugin=sections.plugin_section(measured),
-        model=sections.model_section(measured, outcome),
+        model=sections.model_section(measured, outcome, args),
         per_rank=sections.per_rank_section(outcome),
         total=sections.total_section(measured, outcome),
         verdict=outcome.verdict,
@@ -77,11 +99,14 @@ def report_for(measured: facts.Measurement, args: ServeArgs) -> render.Report:
         assumed=sections.assumed_section(measured, args, outcome),
         not_modelled=list(args.not_modelled),
         driver_guard_lines=driver_env.summary_lines(measured.guard),
+        serve_line=None if reading is None else reading.as_dict(),
     )
 
 
-def _serve_args(args: argparse.Namespace) -> ServeArgs:
-    """doctor's own flags, then the pasted serve line; a value given in both must agree."""
+def _serve_args(args: argparse.Namespace, described: str | None = None) -> vllmline.Reading:
+    """doctor's own flags, then the pasted serve line (read by the installed vLLM's parser
+    unless none is installed or the machine described runs another version: ``described``);
+    a value given in both must agree."""
     option = getattr(args, "model_option", None)
     if args.model and option and args.model != option:
         raise serveline.ServeLineError(
@@ -89,17 +114,24 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
         )
     given = {"model": args.model or option or None}
     given.update({name: getattr(args, name, None) for name in serveline.FIELDS})
+    quantization = given.get("quantization")
+    if quantization is not None:
+        try:
+            serveline.value_of("quantization", str(quantization))
+        except ValueError as exc:
+            raise serveline.ServeLineError(f"-q/--quantization {exc}") from None
     own = {name: value for name, value in given.items() if value is not None and name != "model"}
-    base = ServeArgs(
-        **serveline.fitted(own),
-        model=given["model"],
-        device_memory_gib=args.device_memory_gib,
-        params=args.params,
-    )
+    doctors = {"device_memory_gib": args.device_memory_gib, "params": args.params}
+    base = ServeArgs(**serveline.fitted(own), model=given["model"], **doctors)
     line = getattr(args, "serve_line", None)
     if line is None:
-        return base
-    parsed = serveline.parse(line, replace(base, model=None))
+        return vllmline.Reading(base, "doctor's own flags")
+    version = vllmline.reader_for(described)
+    if version is not None:
+        reading = vllmline.read(line, {**own, "model": given["model"]}, version)
+        fixes = tuple(replace(fix, args=replace(fix.args, **doctors)) for fix in reading.fixes)
+        return replace(reading, args=replace(reading.args, **doctors), fixes=fixes)
+    parsed, ignored = serveline.read(line, replace(base, model=None))
     fitted = parsed.max_model_len_fitted and given.get("max_model_len") == serveline.FITTED
     for name, value in given.items():
         if name == "max_model_len" and fitted:
@@ -109,7 +141,7 @@ def _serve_args(args: argparse.Namespace) -> ServeArgs:
                 f"{name} is {value!r} in doctor's flags but {getattr(parsed, name)!r} in the "
                 "serve line; give it in one place"
             )
-    return parsed
+    return vllmline.Reading(parsed, vllmline.own_parser(described), ignored)
 
 
 def _one_line(message: str) -> str:
@@ -127,19 +159,31 @@ def _write_host(args: argparse.Namespace, text: str) -> None:
     print(f"doctor: wrote {path}", file=sys.stderr)
 
 
+def _described_vllm(args: argparse.Namespace, machine: hostfile.Described | None) -> str | None:
+    """The vLLM release judged for: ``--image``'s or the host file's image's."""
+    image = getattr(args, "image", None)
+    if image and catalog.image_named(image) is None:
+        raise serveline.ServeLineError(f"--image: {catalog.not_in_table(image)}")
+    return choices.described_vllm_version(image, machine.image if machine else None)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
-        serve = _serve_args(args)
-        if args.host:
+        if args.host and args.write_host:
+            raise hostfile.HostFileError("--write-host writes this machine: drop --host")
+        machine = hostfile.load(args.host) if args.host else None
+        version = _described_vllm(args, machine)
+        with choices.judged_for(version):
+            reading = _serve_args(args, version)
+            serve = reading.args
+            if machine is not None:
+                measured = described.measurement(machine, serve)
+            else:
+                measured = facts.measure(config.load(), serve, os.environ)
             if args.write_host:
-                raise hostfile.HostFileError("--write-host writes this machine: drop --host")
-            machine = hostfile.load(args.host)
-            measured = described.measurement(machine, serve)
-        else:
-            measured = facts.measure(config.load(), serve, os.environ)
-        if args.write_host:
-            _write_host(args, described.write_host(measured))
-        report = report_for(measured, serve)
+                _write_host(args, described.write_host(measured))
+            line = reading if getattr(args, "serve_line", None) else None
+            report = report_for(measured, serve, line)
     except (CheckpointError, hostfile.HostFileError, serveline.ServeLineError) as exc:
         # One line, whatever a hostile file name holds.
         print(f"doctor: {_one_line(str(exc))}", file=sys.stderr)

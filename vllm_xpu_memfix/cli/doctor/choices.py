@@ -9,15 +9,25 @@ on-the-fly formats of Intel's images that it models (``startup.sizing.ON_THE_FLY
 ``sym_int4`` and kin, which upstream vLLM lacks). Without a vLLM here to read, the dtypes
 are those doctor sizes (``memory.checkpoint.TORCH_DTYPES`` and ``auto``), and a
 quantization name is taken unchecked, which the report says.
+
+Where doctor judges for another vLLM than the installed one (an Intel image named by
+``--image`` or the host file's ``[image] name``: :func:`described_vllm_version`), the ``-q``
+methods are that release's as recorded (``vllm_code.releases``); a release not recorded
+leaves the name unchecked, said in the report, never refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.memory.checkpoint import TORCH_DTYPES
+from vllm_xpu_memfix.startup import domain
 from vllm_xpu_memfix.startup.sizing import ON_THE_FLY_QUANT
+from vllm_xpu_memfix.vllm_code import releases
 
 QUANTIZATION_SOURCE = ("vllm.model_executor.layers.quantization", "QuantizationMethods")
 DTYPE_SOURCE = ("vllm.config.model", "ModelDType")
@@ -29,12 +39,56 @@ def _vllm_literal(module: str, name: str) -> tuple[str, ...] | None:
     return None if root is None else compat.literal_strings(root, module, name)
 
 
+# The vLLM release doctor judges for, where another than the installed one (judged_for).
+_DESCRIBED: list[str] = []
+
+
+def described_vllm_version(image: str | None, host_image: catalog.Image | None) -> str | None:
+    """The vLLM release the start-up will run under where doctor is told: ``--image``'s,
+    else the host file's image's; None where neither names one (the installed vLLM's)."""
+    if image:
+        return catalog.image_vllm_version(image)
+    return None if host_image is None else catalog.IMAGE_VLLM[host_image.tag]
+
+
+def other_vllm() -> str | None:
+    """The release judged for, where it is not the installed vLLM's."""
+    if not _DESCRIBED or _DESCRIBED[0] == releases.installed_version():
+        return None
+    return _DESCRIBED[0]
+
+
+@contextlib.contextmanager
+def judged_for(version: str | None) -> Iterator[None]:
+    """Check ``-q`` against vLLM ``version`` (None: the installed one) while inside."""
+    _DESCRIBED[:] = [version] if version else []
+    try:
+        yield
+    finally:
+        _DESCRIBED.clear()
+
+
 def quantization_names() -> tuple[str, ...] | None:
-    """Every name ``-q`` takes; None where the installed vLLM's list could not be read."""
-    names = _vllm_literal(*QUANTIZATION_SOURCE)
+    """Every name ``-q`` takes; None where the list of the vLLM judged for could not be read
+    (not installed, or another release not recorded)."""
+    other = other_vllm()
+    names = _vllm_literal(*QUANTIZATION_SOURCE) if other is None else None
+    if other is not None:
+        names = releases.quantization_methods(other)
     if names is None:
         return None
     return (*names, *sorted(set(ON_THE_FLY_QUANT) - set(names)))
+
+
+def not_checked(name: str) -> str:
+    """Why ``-q name`` was taken unchecked, for the report."""
+    other = other_vllm()
+    if other is None:
+        return QUANTIZATION_NOT_CHECKED.format(name=name)
+    return (
+        f"the image's vLLM {other} is not one doctor has recorded "
+        f"({', '.join(releases.recorded())}): -q {name!r} is taken unchecked"
+    )
 
 
 def dtype_names() -> tuple[str, ...]:
@@ -45,3 +99,25 @@ def dtype_names() -> tuple[str, ...]:
 QUANTIZATION_NOT_CHECKED = (
     "no vLLM installed here to read its quantization methods from: -q {name!r} is taken unchecked"
 )
+
+
+def other_vllm_notes(not_modelled: tuple[str, ...]) -> list[str]:
+    """For the report, where doctor judges for another vLLM than the installed one: which,
+    and the flags set that its recorded ``EngineArgs`` lacks (its parser refuses them)."""
+    other = other_vllm()
+    if other is None:
+        return []
+    notes = [f"judged for the image's vLLM {other}, not the installed "
+             f"{releases.installed_version() or 'none'}"]  # fmt: skip
+    fields = releases.engine_fields(other)
+    if fields is None:
+        return [*notes, f"vLLM {other}'s flags are not recorded: the flags are not checked"]
+    names = [flag.split("=")[0].split(" ")[0] for flag in not_modelled]
+    lacking = [
+        name
+        for name in names
+        if (field := domain.field_of(name)) and field not in fields | set(domain.FRONTEND)
+    ]
+    if lacking:
+        notes.append(f"vLLM {other} has no {', '.join(lacking)}: its parser refuses the line")
+    return notes

@@ -11,11 +11,12 @@ from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, driver
-from vllm_xpu_memfix.memory import hub_cache
+from vllm_xpu_memfix.memory import hub, hub_cache
 from vllm_xpu_memfix.memory.checkpoint import (
     TORCH_DTYPES,
     Checkpoint,
     CheckpointError,
+    SizeUnknown,
     checkpoint_from_params,
     read_checkpoint,
 )
@@ -25,6 +26,8 @@ from vllm_xpu_memfix.startup import host
 from vllm_xpu_memfix.startup.host import OFFLOAD
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs
 
+# How long doctor waits for the Hub's metadata of a model that is not at hand.
+HUB_DEADLINE = 30.0
 # The variables that change how much host memory a start takes, shown when set.
 RELEVANT_ENV = (
     "NEOReadDebugKeys",
@@ -108,33 +111,68 @@ def _params_dtype(args: ServeArgs) -> str:
 
 
 def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
-    """The checkpoint behind ``args.model`` (a directory, else a Hugging Face id looked up
-    in the local cache) or behind ``--params`` alone, and how to name it."""
+    """The checkpoint behind ``args.model``: a local path; else a Hugging Face id from the
+    local cache, else from the Hub's metadata (``memory.hub``); else ``--params``. Where
+    none of them tells, the format and size are unknown and doctor says so (exit 2)."""
     if args.model is None:
         if args.params is None:
             return None, ""
         return checkpoint_from_params(args.params, _params_dtype(args)), "--params"
     path = Path(args.model)
-    if (
-        not path.exists()
-        and args.params is not None
-        and not hub_cache.looks_like_repo_id(args.model)
-    ):
-        # A path on another machine (a pasted serve line, a --host machine): the size given.
-        ckpt = checkpoint_from_params(args.params, _params_dtype(args))
-        return ckpt, f"{args.model} (not on this machine)"
-    if path.is_dir() or path.exists() or not hub_cache.looks_like_repo_id(args.model):
+    if path.exists():
         return read_checkpoint(path, args.params), str(path)
+    reference = hub.hub_reference(args.model)
+    if reference is None:
+        # A path on another machine (a pasted serve line, a --host machine).
+        here = "not on this machine"
+        return _not_at_hand(args, f"it is {here}"), f"{args.model} ({here})"
+    in_repo_gguf = reference[1:] != (None, None)
+    cached, held, cache_note = (None, None, "") if in_repo_gguf else _from_cache(args.model)
+    if held is not None and held[0].complete:
+        return held
     try:
-        cached = hub_cache.find_cached(args.model)
+        return hub.read(args.model, HUB_DEADLINE), f"{args.model} (Hugging Face Hub: metadata)"
+    except hub.LibraryMissing as exc:
+        why = cache_note.removesuffix("; ") or str(exc)
+    except hub.HubUnavailable as exc:
+        why = f"{cache_note}{exc}"
+    if held is not None:
+        return held
+    if cached is not None and args.params is not None:
+        return read_checkpoint(cached.snapshot, args.params, name=args.model), cached.label
+    return _not_at_hand(args, why), f"{args.model} (neither at hand nor read from the Hub)"
+
+
+def _from_cache(
+    model: str,
+) -> tuple[hub_cache.CachedModel | None, tuple[Checkpoint, str] | None, str]:
+    """The id in the local Hugging Face cache: the snapshot, what it holds of the weights'
+    headers and how to name it (None where it holds no weights), and what is missing."""
+    try:
+        cached = hub_cache.find_cached(model)
     except hub_cache.HubCacheError as exc:
-        if args.params is None:
-            raise CheckpointError(
-                f"{exc}; pass a local path, or the model's size with --params (e.g. --params 8B)"
-            ) from None
-        ckpt = checkpoint_from_params(args.params, _params_dtype(args))
-        return ckpt, f"{args.model} (not in the Hugging Face cache)"
-    return read_checkpoint(cached.snapshot, args.params, name=args.model), cached.label
+        return None, None, f"{exc}; "
+    try:
+        return cached, (read_checkpoint(cached.snapshot, None, name=model), cached.label), ""
+    except SizeUnknown:
+        return cached, None, "the Hugging Face cache lacks its weights' headers; "
+
+
+def _not_at_hand(args: ServeArgs, why: str) -> Checkpoint:
+    """Only ``--params`` can size a checkpoint that is not at hand; a GGUF file not even that
+    (its bytes per weight are in its header)."""
+    assert args.model is not None
+    if args.params is not None and not hub.is_gguf(args.model):
+        return checkpoint_from_params(args.params, _params_dtype(args))
+    if hub.is_gguf(args.model):
+        raise CheckpointError(
+            f"{args.model}: a GGUF file whose quantization type and size are unknown ({why}); "
+            "pass a local path"
+        )
+    raise CheckpointError(
+        f"{args.model}: its format and size are unknown ({why}); pass a local path, "
+        "or the model's size with --params (e.g. --params 8B)"
+    )
 
 
 def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:

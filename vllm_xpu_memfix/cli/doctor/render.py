@@ -43,6 +43,8 @@ class Report:
     not_modelled: list[str] = field(default_factory=list)
     # gpus["driver_guard"], a finding a line (driver_env.summary_lines)
     driver_guard_lines: list[str] = field(default_factory=list)
+    # How a pasted serve line was read (vllmline.Reading.as_dict); None: no line
+    serve_line: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         fields = {k: v for k, v in asdict(self).items() if k not in TEXT_ONLY}
@@ -118,6 +120,19 @@ def _guard_lines(report: Report) -> list[str]:
     return [f"  driver guard {decision}", *(f"    {remark}" for remark in remarks)]
 
 
+def _serve_line_lines(reading: dict[str, Any] | None) -> list[str]:
+    if reading is None:
+        return []
+    lines = ["Serve line", f"  read by {reading['parser']}"]
+    if reading["configuration"]:
+        lines.append(f"  configuration {reading['configuration']}")
+    if reading["defaults"]:
+        lines.append(f"  defaults: {reading['defaults']}")
+    if reading["unknown"]:
+        lines.append(f"  not read (unknown to the parser): {' '.join(reading['unknown'])}")
+    return lines
+
+
 def _lines(report: Report, args: ServeArgs) -> list[str]:
     host, gpus = report.host, report.gpus
     limit = "none" if host["cgroup_max"] is None else size(host["cgroup_max"])
@@ -152,8 +167,9 @@ def _lines(report: Report, args: ServeArgs) -> list[str]:
             "Model",
             f"  {printable(model['model'])}: {model['shards']} shard(s) read, "
             f"{size(model['checkpoint_bytes'])} {model['checkpoint_dtype']}{size_from}; "
-            f"weights per rank {weights}",
+            f"quantization {printable(model['quantization'])}; weights per rank {weights}",
         ]
+    lines += _serve_line_lines(report.serve_line)
     per_rank = report.per_rank
     lines += [
         f"Per rank (TP {args.tensor_parallel_size}, "

@@ -17,7 +17,9 @@ from vllm_xpu_memfix.startup import phases, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 
-def model_section(measured: Measurement, outcome: phases.Outcome) -> dict[str, Any] | None:
+def model_section(
+    measured: Measurement, outcome: phases.Outcome, args: ServeArgs
+) -> dict[str, Any] | None:
     ckpt = measured.ckpt
     if ckpt is None:
         return None
@@ -26,6 +28,7 @@ def model_section(measured: Measurement, outcome: phases.Outcome) -> dict[str, A
         "model": measured.model_label,
         "directory": str(ckpt.directory) if ckpt.directory else None,
         "shards": len(ckpt.shards),
+        "quantization": sizing.quantization(ckpt, args),
         "checkpoint_bytes": ckpt.total_bytes,
         "size_from": "safetensors headers" if ckpt.complete else ckpt.declared_from,
         "checkpoint_dtype": ckpt.dtype,
@@ -132,11 +135,9 @@ def causes_section(outcome: phases.Outcome) -> list[dict[str, object]]:
 def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outcome) -> list[str]:
     """What doctor took where it was not told."""
     assumed = list(measured.assumed)
+    assumed += choices.other_vllm_notes(args.not_modelled)
     if args.quantization and choices.quantization_names() is None:
-        assumed.append(choices.QUANTIZATION_NOT_CHECKED.format(name=args.quantization))
-    from_name = sizing.quantization(measured.ckpt, args)[1]
-    if from_name:
-        assumed.append(from_name)
+        assumed.append(choices.not_checked(args.quantization))
     if args.max_num_seqs is None:
         assumed.append(f"--max-num-seqs not given: vLLM's {sizing.DEFAULT_MAX_NUM_SEQS}")
     if args.max_num_batched_tokens is None:

@@ -126,6 +126,7 @@ SWITCHES = frozenset(
     }
 )
 API_SERVER = "vllm.entrypoints.openai.api_server"
+NO_MODEL = "the serve line names no model; accepted: vllm serve MODEL [ARGS...] or --model MODEL"
 
 
 def _human(text: str) -> int | None:
@@ -177,14 +178,15 @@ def _value(flag: str, kind: str, raw: str) -> Any:
         raise ServeLineError(f"{flag} {exc}") from None
 
 
-def _strip_launcher(words: list[str]) -> list[str]:
-    """The arguments after ``vllm serve`` or after ``python -m ...api_server``."""
+def launcher_args(words: list[str]) -> tuple[bool, list[str]]:
+    """(whether the line is ``vllm serve``, the arguments after ``vllm serve`` or after
+    ``python -m ...api_server``)."""
     if len(words) >= 2 and words[0].rpartition("/")[2] == "vllm" and words[1] == "serve":
-        return words[2:]
+        return True, words[2:]
     if "-m" in words:
         i = words.index("-m")
         if i + 1 < len(words) and words[i + 1] == API_SERVER:
-            return words[i + 2 :]
+            return False, words[i + 2 :]
     shown = " ".join(words[:3])
     raise ServeLineError(
         f"the line after -- is not a serve command ({shown!r}); accepted: vllm serve MODEL "
@@ -194,9 +196,15 @@ def _strip_launcher(words: list[str]) -> list[str]:
 
 def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
     """``base`` with what the serve line sets; ServeLineError on a line doctor cannot read."""
-    args = _strip_launcher(list(words))
+    return read(words, base)[0]
+
+
+def read(words: Sequence[str], base: ServeArgs) -> tuple[ServeArgs, tuple[str, ...]]:
+    """:func:`parse`, and the flags it ignored: those ``startup.domain`` does not know."""
+    _, args = launcher_args(list(words))
     fields: dict[str, Any] = {}
     other: list[str] = []
+    ignored: list[str] = []
     positional: list[str] = []
     i = 0
     while i < len(args):
@@ -231,8 +239,11 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
                 and i + 1 < len(args)
                 and not args[i + 1].startswith("-")
             )
+            given = f"{word} {args[i + 1]}" if takes_value else word
             if domain.side_of(flag) is not None:
-                other.append(f"{word} {args[i + 1]}" if takes_value else word)
+                other.append(given)
+            elif domain.field_of(flag) is None:
+                ignored.append(given)
             i += 1 if takes_value else 0
         i += 1
     if positional:
@@ -243,10 +254,8 @@ def parse(words: Sequence[str], base: ServeArgs) -> ServeArgs:
         fields["model"] = positional[0]
         other += positional[1:]
     if not fields.get("model"):
-        raise ServeLineError(
-            "the serve line names no model; accepted: vllm serve MODEL [ARGS...] or --model MODEL"
-        )
-    return replace(base, **fitted(fields), not_modelled=tuple(other))
+        raise ServeLineError(NO_MODEL)
+    return replace(base, **fitted(fields), not_modelled=tuple(other)), tuple(ignored)
 
 
 def fitted(fields: dict[str, Any]) -> dict[str, Any]:

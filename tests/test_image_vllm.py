@@ -1,0 +1,99 @@
+"""The image's vLLM (issue 51, class 5): a host file's image or ``--image`` names the vLLM
+release the start-up will run under (intel.catalog, from llm-scaler's Dockerfiles), and
+``-q`` is checked against that release's methods as recorded from its wheel
+(vllm_code/releases.json); a release not recorded leaves the line judged, said, never
+refused. ``bitsandbytes`` is in vLLM 0.26.0's QuantizationMethods and not in 0.32.0's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_doctor_host import B70_HOST, doctor, host_file, refused
+
+from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.cli.doctor import choices
+from vllm_xpu_memfix.intel import catalog
+from vllm_xpu_memfix.vllm_code import releases
+
+DATA = Path(__file__).parent / "data"
+ONLY_IN_0_26 = "bitsandbytes"
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> str:
+    directory = tmp_path / "qwen3-32b"
+    directory.mkdir()
+    shutil.copy(DATA / "configs" / "qwen3-32b.json", directory / "config.json")
+    return str(directory)
+
+
+@pytest.fixture
+def local_lacks_it() -> None:
+    names = choices.quantization_names()
+    if names is None or ONLY_IN_0_26 in names:
+        pytest.skip(f"the installed vLLM does not refuse -q {ONLY_IN_0_26}")
+
+
+def judged(*args: str) -> dict:
+    result = doctor("--json", "--params", "32.8B", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_every_image_names_its_vllm_and_an_alias_names_its_images():
+    assert set(catalog.IMAGE_VLLM) == {image.tag for image in catalog.IMAGES}
+    assert catalog.image_vllm_version("intel/llm-scaler-vllm:1.4") == "0.14.0"
+    assert catalog.image_vllm_version("vllm-0.26.0-b2") == "0.26.0"
+    assert catalog.image_vllm_version("latest") is None
+
+
+def test_the_recorded_releases_agree_with_the_other_records_of_vllm():
+    """0.34.0's fields as tests/data/engine_args recorded them apart; the installed
+    release's methods as its own source gives them."""
+    own = (DATA / "engine_args" / "vllm-0.34.0.txt").read_text().splitlines()
+    assert releases.engine_fields("0.34.0") == {n for n in own if n and not n.startswith("#")}
+    installed, root = releases.installed_version(), compat.installed_vllm_root()
+    if installed not in releases.recorded() or root is None:
+        pytest.skip("the installed vLLM is not a recorded release")
+    source = compat.literal_strings(root, *choices.QUANTIZATION_SOURCE)
+    assert releases.quantization_methods(installed) == source
+    assert ONLY_IN_0_26 in (releases.quantization_methods("0.26.0") or ())
+
+
+def test_a_method_of_the_images_vllm_is_judged_not_refused(tmp_path, model, local_lacks_it):
+    note = f"judged for the image's vLLM 0.26.0, not the installed {releases.installed_version()}"
+    line = ("--", "vllm", "serve", model, "-q", ONLY_IN_0_26)
+    assert ONLY_IN_0_26 in refused(doctor("--params", "32.8B", *line))
+    by_option = judged("--image", "intel/llm-scaler-vllm:0.26.0-b2", *line)
+    assert note in by_option["assumed"]
+    text = B70_HOST + '[image]\nname = "0.26.0-b2"\n'
+    by_file = judged("--host", host_file(tmp_path, text), *line)
+    assert note in by_file["assumed"]
+    # doctor's own -q flag, before --, is checked the same way.
+    assert judged("--image", "0.26.0-b2", model, "-q", ONLY_IN_0_26)["verdict"]
+
+
+def test_a_method_the_images_vllm_lacks_is_refused_as_that_vllm_would(model):
+    line = ("--", "vllm", "serve", model, "-q", "nosuch")
+    assert "'nosuch'" in refused(doctor("--image", "0.26.0-b2", "--params", "32.8B", *line))
+
+
+def test_an_image_whose_vllm_is_not_recorded_is_judged_with_that_said(model):
+    out = judged("--image", "0.14.0-b8.2", "--", "vllm", "serve", model, "-q", "nosuch")
+    assert any("vLLM 0.14.0 is not one doctor has recorded" in a for a in out["assumed"])
+
+
+def test_an_image_not_in_the_table_is_one_line():
+    assert "is not in doctor's table" in refused(doctor("--image", "9.9", "--params", "8B", "m"))
+
+
+def test_a_flag_the_images_vllm_lacks_is_said(model):
+    """--max-num-active-seqs is in 0.32.0's EngineArgs, not in 0.26.0's (as recorded)."""
+    assert "max_num_active_seqs" not in (releases.engine_fields("0.26.0") or ())
+    line = ("--", "vllm", "serve", model, "--max-num-active-seqs", "4")
+    out = judged("--image", "0.26.0-b2", *line)
+    assert "vLLM 0.26.0 has no --max-num-active-seqs: its parser refuses the line" in out["assumed"]
+    assert not any("has no" in note for note in judged(*line)["assumed"])
