@@ -102,7 +102,9 @@ def engine_config(
 
 
 def sparse_27b(directory: Path) -> Path:
-    """A sparse 27B BF16 checkpoint (no weights on disk) with its config.json."""
+    """A sparse 27B BF16 checkpoint (no weights on disk) with its config.json. Its 2048-token
+    context leaves the CPU build's 1 GiB KV cache room: at 4096 one sequence needs exactly
+    1 GiB, and vLLM keeps one block of the pool back (kv_cache_utils.get_kv_cache_configs)."""
     model = qwen_27b_like(directory)
     (model / "config.json").write_text(
         json.dumps(
@@ -117,7 +119,7 @@ def sparse_27b(directory: Path) -> Path:
                 "head_dim": 128,
                 "vocab_size": 248320,
                 "torch_dtype": "bfloat16",
-                "max_position_embeddings": 4096,
+                "max_position_embeddings": 2048,
                 "tie_word_embeddings": False,
             }
         )

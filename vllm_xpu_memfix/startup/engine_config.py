@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_xpu_memfix.startup import kv_layout
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 
@@ -43,7 +44,17 @@ def serve_args(vllm_config: Any, not_modelled: tuple[str, ...] = ()) -> ServeArg
         cpu_offload_gb=float(getattr(offload, "cpu_offload_gb", 0) or 0),
         not_modelled=not_modelled,
         config_checked=True,
+        kv_layout=_kv_layout(vllm_config),
     )
+
+
+def _kv_layout(vllm_config: Any) -> kv_layout.KvLayout | None:
+    """The KV cache as this configuration lays it out; None (config.json's rules then)
+    where this vLLM lacks a field the layout reads, or its model class a state rule."""
+    try:
+        return kv_layout.from_vllm(vllm_config)
+    except Exception:  # another vLLM version's config: never into vLLM
+        return None
 
 
 def _backend_name(backend: Any) -> str | None:

@@ -13,6 +13,37 @@ if TYPE_CHECKING:
     from vllm_xpu_memfix.startup import phases
 
 
+def keeps_kv(inp: phases.Inputs) -> bool:
+    """Whether vLLM allocates a KV cache (an encoder-only model keeps none; the device then
+    holds the weights and activations, not the utilisation's share)."""
+    return inp.kv_layout is None or inp.kv_layout.allocates
+
+
+def kv_bytes_per_token(inp: phases.Inputs) -> float | None:
+    """Per rank, what a long sequence adds per token (the layers keeping every one)."""
+    kv = inp.kv_layout
+    return kv.per_token(inp.tp, inp.kv_element_bytes) if kv and kv.allocates else None
+
+
+def kv_tokens(inp: phases.Inputs) -> int | None:
+    """The longest sequence one rank's KV cache holds, at most the judged context (or the
+    model's own), as vLLM sizes one sequence (``kv_layout.KvLayout.tokens_within``)."""
+    kv, layout = inp.kv_cache, inp.kv_layout
+    if kv is None or layout is None or not layout.allocates or not inp.weights_known:
+        return None
+    limit = inp.max_model_len or inp.model_max_len or 2**31 - 1
+    return layout.tokens_within(max(kv, 0.0), inp.tp, inp.kv_element_bytes, limit)
+
+
+def kv_shortfall(inp: phases.Inputs) -> float:
+    """Bytes one --max-model-len sequence needs beyond one rank's KV cache."""
+    layout = inp.kv_layout
+    if layout is None or inp.kv_cache is None or not inp.max_model_len:
+        return 0.0
+    need = layout.sequence_bytes(inp.max_model_len, inp.tp, inp.kv_element_bytes)
+    return max(0.0, need + layout.reserved(inp.tp, inp.kv_element_bytes) - inp.kv_cache)
+
+
 def short_context(inp: phases.Inputs) -> bool:
     """vLLM's check at KV cache allocation: one --max-model-len sequence must fit."""
     tokens = inp.kv_tokens

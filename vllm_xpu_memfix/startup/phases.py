@@ -32,6 +32,7 @@ from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
 from vllm_xpu_memfix.startup import codes, limits, reserve, staging
+from vllm_xpu_memfix.startup.kv_layout import KvLayout
 
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
 # call ~15 GB normal on 4x B60 and ~10 GB on one CUDA GPU.
@@ -77,7 +78,7 @@ class Inputs:
     burst: BurstEstimate | None = None
     kv_headroom: bool = False
     kv_headroom_slack: float = reserve.DEFAULT_SLACK
-    kv_bytes_per_token: float | None = None  # per rank
+    kv_layout: KvLayout | None = None  # what one sequence holds (startup.kv_layout)
     kv_cache_dtype: str = "auto"
     kv_element_bytes: int = 2
     max_model_len: int | None = None  # as given, else the model's own
@@ -139,12 +140,13 @@ class Inputs:
         return self.device_bytes is not None and self.weights_known
 
     @property
+    def kv_bytes_per_token(self) -> float | None:
+        return limits.kv_bytes_per_token(self)
+
+    @property
     def kv_tokens(self) -> int | None:
-        """Tokens the KV cache of one rank holds."""
-        kv, per_token = self.kv_cache, self.kv_bytes_per_token
-        if kv is None or not per_token or not self.weights_known:
-            return None
-        return max(0, int(kv // per_token))
+        """The longest sequence the KV cache of one rank holds (``limits.kv_tokens``)."""
+        return limits.kv_tokens(self)
 
     @property
     def debug_keys(self) -> dfacts.DebugKeys:
@@ -274,7 +276,8 @@ def _device(inp: Inputs) -> dict[str, float | None]:
         at_warmup = w + kv + max(inp.activation_bytes, new) + WARMUP_OUTSIDE_TORCH
     else:
         assert inp.device_bytes is not None
-        at_kv = max(inp.utilization * inp.device_bytes - inp.reserve, w + inp.profile_peak)
+        filled = inp.utilization * inp.device_bytes - inp.reserve if limits.keeps_kv(inp) else 0
+        at_kv = max(filled, w + inp.profile_peak)
         new = burst.gathered_logits if burst else 0.0
         at_warmup = at_kv + new + WARMUP_OUTSIDE_TORCH
     return {codes.LOAD: load, codes.KV_CACHE: at_kv, codes.WARMUP: at_warmup}
@@ -339,9 +342,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
         causes.append(
             Cause(
                 codes.CONTEXT_EXCEEDS_KV_CACHE,
-                ((inp.max_model_len or 0) - (inp.kv_tokens or 0))
-                * (inp.kv_bytes_per_token or 0.0)
-                * gib,
+                limits.kv_shortfall(inp) * gib,
                 f"the KV cache holds {inp.kv_tokens:,} tokens a rank; one --max-model-len "
                 f"{inp.max_model_len:,} sequence needs more (vLLM refuses at KV cache set-up)",
             )

@@ -18,16 +18,15 @@ HIGHEST_UTILIZATION = 0.99  # vLLM takes up to 1.0; the model judges each value
 
 
 def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
-    """``inp`` at another TP size: each rank a share of the weights and KV heads; a TP vLLM
-    has not checked, so the model's own rules judge it."""
-    per_token = inp.kv_bytes_per_token
+    """``inp`` at another TP size: each rank a share of the weights and KV heads (the
+    KV layout splits them, as vLLM does); a TP vLLM has not checked, so the model's own
+    rules judge it."""
     ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
     return replace(
         inp,
         tp=tp,
         config_checked=False,
         ranks_here=ranks,
-        kv_bytes_per_token=None if per_token is None else per_token * inp.tp / tp,
         gpus_in_context=max(ranks, inp.gpus_in_context),
     )
 
@@ -124,12 +123,7 @@ def context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
                 codes.KV_CACHE_DTYPE,
                 "--kv-cache-dtype fp8",
                 "twice the tokens in the KV cache; a small accuracy cost",
-                replace(
-                    inp,
-                    kv_bytes_per_token=inp.kv_bytes_per_token / inp.kv_element_bytes,
-                    kv_element_bytes=1,
-                    kv_cache_dtype="fp8",
-                ),
+                replace(inp, kv_element_bytes=1, kv_cache_dtype="fp8"),
             )
         )
     return found

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_xpu_memfix.core.units import GiB
 from vllm_xpu_memfix.intel import catalog, driver, driver_facts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
 from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
-from vllm_xpu_memfix.startup import context, formats, layout, phases, reserve
+from vllm_xpu_memfix.startup import context, formats, kv_layout, layout, phases, reserve
 
 # Quantization methods that convert 16-bit weights while loading, through the host.
 ON_THE_FLY_QUANT = frozenset(formats.ON_THE_FLY)
@@ -72,6 +72,9 @@ class ServeArgs:
     # Flags of a pasted serve line (or EngineArgs fields, in the preflight) set away from
     # their default that the model does not cover, as given.
     not_modelled: tuple[str, ...] = ()
+    # The KV cache as vLLM's resolved configuration lays it out (engine_config); None:
+    # from config.json's own rules.
+    kv_layout: kv_layout.KvLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,7 @@ def weight_format(ckpt: Checkpoint | None, args: ServeArgs) -> formats.Format:
     return formats.given(given) if given else formats.Format("", 2.0, False)
 
 
-def _config_int(section: dict[str, Any], *keys: str) -> int | None:
-    """The first of ``keys`` that holds a positive integer."""
-    for key in keys:
-        value = section.get(key)
-        if type(value) is int and value > 0:
-            return value
-    return None
+_config_int = kv_layout.config_int
 
 
 def _largest_from_config(config: dict[str, Any]) -> tuple[float, str]:
@@ -226,26 +223,28 @@ def _logits_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
     return flag or (_DTYPE_BYTES.get(ckpt.dtype, 2) if ckpt else 2)
 
 
-def _kv_bytes_per_token(
-    text: dict[str, Any], args: ServeArgs, dtype: int, stage_layers: int | None
-) -> float | None:
-    """Per rank: K and V of every attention layer of the largest stage (only the
-    full-attention ones of a hybrid model that lists them in ``layer_types``), at
-    --kv-cache-dtype's bytes (fp8 variants: 1; auto: the model's dtype)."""
-    layers = _config_int(text, "num_hidden_layers")
-    heads = _config_int(text, "num_attention_heads")
-    kv_heads = _config_int(text, "num_key_value_heads") or heads
-    hidden = _config_int(text, "hidden_size")
-    if not (layers and heads and kv_heads and hidden):
+def kv_cache_layout(
+    ckpt: Checkpoint | None, args: ServeArgs, stage_layers: int | None
+) -> kv_layout.KvLayout | None:
+    """The KV cache layout: vLLM's where its configuration was read, else config.json's,
+    scaled to the largest pipeline stage's layers."""
+    if args.kv_layout is not None:
+        return args.kv_layout
+    if ckpt is None:
         return None
-    types = text.get("layer_types")
-    share = (stage_layers or layers) / layers
-    if isinstance(types, list) and types:
-        layers = sum(1 for t in types if t == "full_attention") or layers
-    head_dim = _config_int(text, "head_dim") or hidden // heads
-    size = 1 if (args.kv_cache_dtype or "auto").lower().startswith("fp8") else dtype
-    per_rank_heads = max(1.0, kv_heads / args.tensor_parallel_size)
-    return 2.0 * layers * share * per_rank_heads * head_dim * size
+    text = text_config(ckpt.config)
+    found = kv_layout.from_config(
+        ckpt.config,
+        element=_kv_element_bytes(args, ckpt),
+        state_element=_logits_bytes(args, ckpt),
+        batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
+        pp=args.pipeline_parallel_size,
+        directory=ckpt.directory,
+    )
+    layers = _config_int(text, "num_hidden_layers")
+    if found is None or not (layers and stage_layers):
+        return found
+    return replace(found, share=stage_layers / layers)
 
 
 def _kv_element_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
@@ -256,10 +255,9 @@ def _kv_element_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
     )
 
 
-def _forward(
-    ckpt: Checkpoint | None, args: ServeArgs, stage_layers: int | None
-) -> tuple[float, Any, float | None]:
-    """(activation bytes per rank, the sampler burst, KV bytes per token per rank)."""
+def _forward(ckpt: Checkpoint | None, args: ServeArgs, sampler: bool) -> tuple[float, Any]:
+    """(activation bytes per rank, the sampler burst: none where no sampler runs, as
+    under a pooling runner)."""
     text = text_config(ckpt.config) if ckpt else {}
     dtype = _logits_bytes(args, ckpt)
     tokens = args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
@@ -269,7 +267,7 @@ def _forward(
     activations = float(tokens * (4 * hidden + 2 * inter / tp) * dtype) if hidden else 0.0
     vocab = _config_int(text, "vocab_size")
     burst = None
-    if vocab:
+    if vocab and sampler:
         try:
             shape = BurstShape(
                 num_reqs=min(args.max_num_seqs or DEFAULT_MAX_NUM_SEQS, tokens),
@@ -281,7 +279,7 @@ def _forward(
             burst = estimate_sampler_burst(shape)
         except ValueError:
             burst = None
-    return activations, burst, _kv_bytes_per_token(text, args, dtype, stage_layers)
+    return activations, burst
 
 
 def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tuple[bool, str]:
@@ -377,7 +375,8 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
     _, stage_layers = layout.largest_stage(
         ckpt.config if ckpt else {}, float(ckpt.total_bytes) if ckpt else 0.0, place.pp
     )
-    activations, burst, kv_per_token = _forward(ckpt, args, stage_layers)
+    kv = kv_cache_layout(ckpt, args, stage_layers)
+    activations, burst = _forward(ckpt, args, kv is None or kv.sampler)
     weights = _weights(machine, args, ckpt, fmt, place) if ckpt is not None else {}
     return phases.Inputs(
         tp=args.tensor_parallel_size,
@@ -399,7 +398,7 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
         burst=burst,
         kv_headroom=machine.kv_headroom,
         kv_headroom_slack=machine.kv_headroom_slack,
-        kv_bytes_per_token=kv_per_token,
+        kv_layout=kv,
         gpus_in_context=machine.gpus_visible,
         battlemage_in_context=machine.battlemage_visible,
         runtime=machine.runtime,

@@ -145,7 +145,10 @@ def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outc
             f"--max-num-batched-tokens not given: vLLM's {sizing.DEFAULT_BATCHED_TOKENS}"
         )
     inputs = outcome.inputs
-    if measured.ckpt is not None and inputs.burst is None:
+    kv = inputs.kv_layout
+    if kv is not None and not kv.sampler:
+        assumed.append(f"a pooling runner ({kv.source}): no sampler, no sampler warm-up")
+    elif measured.ckpt is not None and inputs.burst is None:
         assumed.append("no vocab_size in config.json: the sampler warm-up is not counted")
     if measured.ckpt is not None and not inputs.activation_bytes:
         assumed.append("no hidden_size in config.json: the activations are not counted")
