@@ -130,8 +130,8 @@ def test_check_evaluates_each_fix_s_removal_condition_on_the_tree(tmp_path, caps
         "gives freed host memory back (upstream patch 0002): landed ('malloc_trim' in "
         "vllm.model_executor.model_loader.base_loader)" in text
     )
-    assert "keeps the sampler burst out of the KV cache itself (upstream patch 0003): " in text
-    assert "(upstream patch 0003): vllm.v1.worker.gpu_worker absent" in text
+    assert "keeps the sampler burst out of the KV cache itself (upstream RFC 0003): " in text
+    assert "(upstream RFC 0003): vllm.v1.worker.gpu_worker absent" in text
 
 
 def test_check_passes_strict_where_a_release_has_one_target_of_a_group(tmp_path, capsys, clean_env):

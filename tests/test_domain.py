@@ -5,6 +5,7 @@ Runs the installed vLLM's own parser; 0.34.0's fields come from a recorded list.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,14 @@ def _no_plugins(monkeypatch):
     monkeypatch.setenv("VLLM_PLUGINS", "none")
 
 
+# An existing directory: a path that is not one is taken for a Hub id, and with
+# HF_HUB_OFFLINE (the suite's default) huggingface_hub refuses "/m" as a repo id.
+MODEL_DIR = tempfile.TemporaryDirectory(prefix="test-domain-model-")
+
+
 def engine_args(*flags: str):
-    return arg_utils.EngineArgs.from_cli_args(parser().parse_args(["--model", "/m", *flags]))
+    model = ["--model", MODEL_DIR.name]
+    return arg_utils.EngineArgs.from_cli_args(parser().parse_args([*model, *flags]))
 
 
 def test_every_field_of_the_installed_engine_args_is_classified():
