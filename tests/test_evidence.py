@@ -339,7 +339,6 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         f"{FP32} | vocabulary copies",
         *(f"{case} / on | saved" for case in ("bf16", FP32, INT4)),
     ],
-    "host_release 2": ["1: release / patched | vs as is", "1: release-fp32 / patched | vs as is"],
     "load_lock 0": [
         f"{LEGACY_OFF} | summed",
         f"{LEGACY_AUTO} | summed",
@@ -360,7 +359,6 @@ QUANTITIES: dict[str, list[str | tuple[str, ...]]] = {
         f"{LEGACY_AUTO}, tight room | summed",
         f"{LEGACY_AUTO}, tight room | median vs",
     ],
-    "load_lock 3": ["load / as is | MiB", "load / patched | MiB", "load / patched | ratio"],
     "warmup_lock 0": [
         "lock off, shared cache | summed growth",
         "lock on, shared cache | summed growth",

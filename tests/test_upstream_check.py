@@ -79,7 +79,7 @@ def test_a_series_that_applies_and_passes(tmp_path, source, patches, capsys):
     write_patch(patches, "0001-fix", old=41, new=42, expected=42)
     code, out = run(tmp_path, source, capsys)
     assert code == 0, out
-    assert "0001-fix.patch (alone): applied, tests skipped" in out
+    assert "0001-fix.patch (alone): applied, tests in the series" in out
     assert "0001-fix.patch (series): applied, tests passed" in out
     assert (source / "vllm" / "answer.py").read_text() == "VALUE = 41\n"  # copy, not source
 
@@ -261,7 +261,7 @@ def test_a_vllm_test_the_series_breaks_fails_the_check(
     write_patch(patches, "0001-fix", old=41, new=42, expected=42)
     code, out = run_with_vllm_tests(tmp_path, source, vllm_tests, capsys)
     assert code == 1
-    assert "0001-fix.patch (alone): applied, tests skipped" in out
+    assert "0001-fix.patch (alone): applied, tests in the series" in out
     assert "0001-fix.patch (series): applied, tests passed" in out
     broken = "BROKEN BY THE SERIES: tests/test_existing.py::test_value_is_41"
     assert f"2 passed as is, 1 patched, {broken}" in out
@@ -317,3 +317,40 @@ def test_check_strict_runs_on_each_claimed_release_and_names_a_failure(tmp_path,
     assert line.splitlines()[0].endswith(" missing")
     assert "missing  vllm.v1.worker.gpu_worker:Worker.load_model" in line
     assert upstream_check.STRICT_CHECK == ("0.26.0", upstream_check.NEWEST)
+
+
+COUNTING_TEST = """\
+From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+Subject: [PATCH] counted
+
+---
+diff --git a/tests/test_counted.py b/tests/test_counted.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_counted.py
+@@ -0,0 +1,6 @@
++import os
++
++
++def test_counted():
++    with open(os.environ["COUNTED_RUNS"], "a") as runs:
++        runs.write("ran\\n")
+"""
+
+
+def test_a_patch_s_tests_run_once_though_it_is_applied_alone_and_in_series(
+    tmp_path, source, patches, monkeypatch
+):
+    (patches / "0001-counted.patch").write_text(COUNTING_TEST)
+    runs = tmp_path / "runs.txt"
+    monkeypatch.setenv("COUNTED_RUNS", str(runs))
+    installed = tmp_path / "installed"
+    (installed / "vllm").mkdir(parents=True)  # a downloaded release: compiled parts lent
+    outcomes = upstream_check.check(
+        sorted(patches.glob("*.patch")), source, tmp_path / "tree", False, installed
+    )
+    assert [o.line() for o in outcomes] == [
+        "0001-counted.patch (alone): applied, tests in the series",
+        "0001-counted.patch (series): applied, tests passed",
+    ]
+    assert runs.read_text() == "ran\n"

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "       [--params N] [--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
         description="Takes the arguments of `vllm serve` that matter for memory, or the whole "
         "serve line after --. Judges this machine, or one described in a TOML file (--host). "
-        "Reads files only: never loads the model or starts the driver.",
+        "Reads headers (local or the Hub's), imports vLLM; never weights, never the driver.",
     )
     doctor.add_argument(
         "--host",
