@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -74,12 +75,15 @@ def plugin_records_keep_their_shape(request: pytest.FixtureRequest) -> Iterator[
     assert not broken, f"{request.node.nodeid} logged records out of shape: {broken}"
 
 
+def _plugin_variables() -> list[str]:
+    return [n for n in os.environ if n.startswith("VLLM_XPU_MEMFIX") or n == "VLLM_PLUGINS"]
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No plugin variable from the developer's shell leaks into a test."""
-    for name in list(os.environ):
-        if name.startswith("VLLM_XPU_MEMFIX") or name == "VLLM_PLUGINS":
-            monkeypatch.delenv(name)
+    for name in _plugin_variables():
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture
@@ -96,3 +100,27 @@ def serve(tmp_path: Path, clean_env: None) -> Iterator[Callable[..., Server]]:
     yield start
     for server in started:
         server.stop()
+
+
+@dataclass(frozen=True)
+class FinishedStart:
+    """A server that became ready and was stopped: its log at ready, its ids, its ledgers."""
+
+    log: str
+    pid: int
+    port: int
+    ledger_dir: Path
+
+
+@pytest.fixture(scope="session")
+def default_start(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> FinishedStart:
+    """One start of vLLM's server on the tiny model with every switch at its default (only the
+    ledger in a directory of its own), shared by the tests that read what such a start logs
+    and records."""
+    root = tmp_path_factory.mktemp("default-start")
+    env: dict[str, str | None] = dict.fromkeys(_plugin_variables())
+    env["VLLM_XPU_MEMFIX_LEDGER_DIR"] = str(root / "ledger")
+    with Server(tiny_model, root / "server.log", env=env) as server:
+        server.wait_ready()
+        assert server.process is not None
+        return FinishedStart(server.log_text(), server.process.pid, server.port, root / "ledger")

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,25 @@ def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
     assert README.index("```bash") < README.index("\n## ")
     ci = (ROOT / ".ci" / "run").read_text()
     assert ci.strip().splitlines()[-1] == "make test"
+
+
+def test_ci_says_which_cpu_it_runs_on_before_the_tests():
+    """issue 58: vLLM's CPU build takes other paths with AVX-512 and AMX, so a failing CI run
+    names its CPU first (everything .ci/run does before `make test`)."""
+    lscpu = shutil.which("lscpu")
+    if lscpu is None:
+        pytest.skip("needs util-linux lscpu")
+    before_make = (ROOT / ".ci" / "run").read_text().strip().rsplit("\n", 1)[0]
+    said = subprocess.run(
+        ["bash", "-c", before_make], cwd=ROOT / ".ci", capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    facts = subprocess.run([lscpu], capture_output=True, text=True, check=True).stdout
+    rows = dict(line.split(":", 1) for line in facts.splitlines() if ":" in line)
+    wide = [f for f in rows.get("Flags", "").split() if f.startswith(("avx512", "amx"))]
+    assert said == [
+        f"CPU: {rows['Model name'].strip()}",
+        f"CPU AVX-512 and AMX flags: {' '.join(wide) or 'none'}",
+    ]
 
 
 def test_the_readme_is_read_in_five_minutes():

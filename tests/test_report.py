@@ -90,20 +90,12 @@ def test_bad_ledger_files_are_counted_never_fatal(tmp_path):
 
 @pytest.mark.server
 def test_a_real_start_logs_the_prediction_beside_the_measurement_and_report_shows_it(
-    tiny_model, tmp_path
+    default_start,
 ):
     """vLLM's API server with the plugin and a ledger: at ready, one INFO line with the
     predicted host need, the measured tree's PSS and their ratio; the API server's ledger
     keeps both; report shows the preflight, the line and the worker's phases."""
-    from vllm_xpu_memfix.cli.demo.server import Server
-
-    ledger = tmp_path / "ledger"
-    env = {"VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger)}
-    with Server(tiny_model, tmp_path / "server.log", env=env) as server:
-        server.wait_ready()
-        log = server.log_text()
-        assert server.process is not None
-        server_pid = server.process.pid
+    log, server_pid, ledger = default_start.log, default_start.pid, default_start.ledger_dir
     (line,) = [x for x in log.splitlines() if "vllm-xpu-memfix: ready; preflight" in x]
     assert " INFO " in line and len(line.split("] ", 1)[1]) <= 320
     rows = [
@@ -113,7 +105,7 @@ def test_a_real_start_logs_the_prediction_beside_the_measurement_and_report_show
     (start,) = {r["start"] for r in rows}
     assert started_pid(start) == server_pid and len({r["pid"] for r in rows}) >= 3
     (begun,) = [r for r in rows if "argv" in r]
-    assert begun["pid"] == server_pid and f"--port {server.port}" in begun["argv"]
+    assert begun["pid"] == server_pid and f"--port {default_start.port}" in begun["argv"]
     (ready,) = [r for r in rows if r["phase"] == prediction_check.READY and "predicted_host" in r]
     (predicted,) = [r for r in rows if r["phase"] == prediction_check.PREDICTED]
     assert ready["predicted_host"] == predicted["predicted_host"] > 0

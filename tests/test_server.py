@@ -195,10 +195,8 @@ def test_the_v2_model_runner_ends_the_ledger_after_its_warm_up(serve, tiny_model
     raise AssertionError(f"no worker ledger:\n{log[-3000:]}")
 
 
-def test_the_api_server_logs_exactly_one_preflight_line(serve, tiny_model):
-    server = serve(tiny_model)
-    server.wait_ready()
-    lines = [line for line in server.log_text().splitlines() if "preflight:" in line]
+def test_the_api_server_logs_exactly_one_preflight_line(default_start):
+    lines = [line for line in default_start.log.splitlines() if "preflight:" in line]
     assert len(lines) == 1, lines
     assert "FITS on vLLM's CPU backend" in lines[0] and "KV cache 1.0 GiB" in lines[0]
 
