@@ -672,7 +672,10 @@ def test_a_speaker_is_a_live_process_by_pid_and_start_time(tmp_path):
 
 
 def test_an_unusable_lock_directory_says_the_note_rather_than_never(guard_in_process, tmp_path):
-    (tmp_path / "lk").write_text("a file where the directory should be")
+    # A world-writable directory: the setting takes it, the lock refuses it at use (a file
+    # there is refused by the setting already).
+    (tmp_path / "lk").mkdir()
+    (tmp_path / "lk").chmod(0o777)
     records, _ = guard_in_process("main")
     assert any("Intel's interim workaround" in text for _, text in records)
 

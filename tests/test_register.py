@@ -148,6 +148,50 @@ def test_a_bad_switch_turns_its_fix_off_with_one_error_and_the_rest_start():
     assert "off: ledger" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("~nouser-memfix/ledger", "cannot be used: Could not determine home directory;"),
+        ("/tmp/" + "x" * 300, "cannot be used: File name too long;"),
+        ("{afile}", "this path is not a directory;"),
+        ("{afile}/ledger", "cannot be used: Not a directory;"),
+        # Root writes wherever file modes say no; /proc/sys refuses even root.
+        ("/proc/sys/vllm-xpu-memfix", "/proc/sys is not writable;"),
+    ],
+)
+def test_no_path_raises_from_register_and_an_engine_process_does_not_repeat_it(
+    tmp_path, path, says
+):
+    """Issue 59: any exception while a switch is read is its fix off with one ERROR, from the
+    process that starts vLLM; an EngineCore (which inherits the start identity) says it at
+    DEBUG only."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    env = {"VLLM_XPU_MEMFIX_LEDGER_DIR": path.format(afile=afile)}
+    code = """
+        import multiprocessing, sys
+        if sys.argv[1:] == ["engine"]:
+            multiprocessing.current_process().name = "EngineCore_DP0"
+        import vllm_xpu_memfix as m
+        m.register()
+        print(" ".join(sorted({fix for fix, _ in m.PATCHER.states()})))
+        """
+    main = run_python(code, env=env)
+    assert main.returncode == 0, main.stderr
+    (error,) = [line for line in main.stderr.splitlines() if "LEDGER_DIR=" in line]
+    assert error.startswith("ERROR ") and says in error and error.endswith("turned off: ledger")
+    assert "ledger" not in main.stdout.split() and "host_release" in main.stdout.split()
+    engine = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), "engine"],
+        env={**os.environ, **env, "VLLM_XPU_MEMFIX_START": "1-2-abc"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert engine.returncode == 0, engine.stderr
+    assert "LEDGER_DIR=" not in engine.stderr and "off: ledger" in engine.stderr
+
+
 def test_a_bad_master_value_turns_the_plugin_off_with_one_error():
     result = run_python(
         "import vllm_xpu_memfix as m; m.register(); print(len(m.PATCHER.states()))",

@@ -126,6 +126,49 @@ def test_invalid_switch_turns_its_fix_off_with_a_clear_error_and_vllm_serves(ser
     assert registered and all("off: ledger" in line for line in registered)
 
 
+def _bad_paths(tmp_path):
+    """Each kind of path a switch cannot use, two starts' worth: a home that does not exist,
+    a component too long for the filesystem, a file where a directory is wanted, a path
+    under a file, and no permission. Root may write anywhere DAC protects, so the last is
+    /proc/sys, which refuses even root (access(2) says so; mkdir there fails)."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    return [
+        {
+            "VLLM_XPU_MEMFIX_LEDGER_DIR": "~nouser-memfix/ledger",
+            "VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / ("x" * 300)),
+            "VLLM_XPU_MEMFIX_SYSROOT": str(afile),
+        },
+        {
+            "VLLM_XPU_MEMFIX_LEDGER_DIR": "/proc/sys/vllm-xpu-memfix-ledger",
+            "VLLM_XPU_MEMFIX_LOCK_DIR": str(afile / "locks"),
+        },
+    ]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["home-long-file", "no-permission-under-file"])
+def test_no_bad_path_stops_vllm_and_each_is_one_error(serve, tiny_model, tmp_path, which):
+    """Issue 59: any path a switch cannot use turns its fixes off with one ERROR, logged by
+    the process that starts vLLM only (not again by EngineCore and the worker), and vLLM
+    serves. Several switches are bad at once to share one start."""
+    bad = _bad_paths(tmp_path)[which]
+    server = serve(tiny_model, env=bad)
+    server.wait_ready()
+    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
+    log = server.log_text()
+    assert "Traceback" not in log
+    for name in bad:
+        errors = [line for line in log.splitlines() if f"vllm-xpu-memfix: {name}=" in line]
+        assert len(errors) == 1, (name, errors)
+        assert "ERROR" in errors[0] and "turned off: " in errors[0], errors[0]
+        fixes = errors[0].rsplit("turned off: ", 1)[1].split(", ")
+        registered = [line for line in log.splitlines() if " registered (pid=" in line]
+        assert len(registered) >= 3, registered  # API server, EngineCore, worker
+        for line in registered:
+            off = line.rsplit("off: ", 1)[1]
+            assert all(fix in off for fix in fixes), (fixes, line)
+
+
 def test_demo_under_monitor_reports_ledger_csv_and_picture(tmp_path, clean_env):
     """The README's main job, run under `monitor`: covers a real start of all three roles."""
     workdir, monitor_dir = tmp_path / "demo", tmp_path / "monitor"

@@ -21,7 +21,7 @@ from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.core import config, registration
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patcher, log_when_configured
-from vllm_xpu_memfix.core.process import current_role, start_identity
+from vllm_xpu_memfix.core.process import current_role, start_identity, starts_the_instance
 
 __version__ = "0.1.0"
 
@@ -32,9 +32,10 @@ _registered = False
 def register() -> None:
     """Entry point for ``vllm.general_plugins``. Idempotent.
 
-    A bad variable turns off the fixes that read it, with one ERROR record each
-    (``core.registration``); it raises :class:`numbers.ConfigError`, which stops vLLM's
-    start-up, only under ``VLLM_XPU_MEMFIX_PREFLIGHT=refuse``.
+    A bad variable turns off the fixes that read it, with one ERROR record each, in the
+    process that starts vLLM (``core.registration``); it raises
+    :class:`numbers.ConfigError`, which stops vLLM's start-up, only under
+    ``VLLM_XPU_MEMFIX_PREFLIGHT=refuse``.
     """
     global _registered
     if _registered:
@@ -47,8 +48,10 @@ def register() -> None:
     where = f"pid={os.getpid()} {dataclasses.replace(role, note=None).describe()}"
     if role.note:
         log_when_configured(get_logger(), logging.INFO, f"vllm-xpu-memfix: role: {role.note}")
+    # Said once per start-up: the engine and workers read the same values.
+    level = logging.ERROR if starts_the_instance() else logging.DEBUG
     for line in refused:
-        log_when_configured(get_logger(), logging.ERROR, f"vllm-xpu-memfix: {line}")
+        log_when_configured(get_logger(), level, f"vllm-xpu-memfix: {line}")
     if not settings.enabled:
         log_when_configured(
             get_logger(),

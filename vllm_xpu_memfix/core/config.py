@@ -10,13 +10,23 @@ per-fix rows to them.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.core.numbers import MIB, SLOTS, TIMEOUT_S, Bounds, invalid
+from vllm_xpu_memfix.core.numbers import (
+    MIB,
+    SLOTS,
+    TIMEOUT_S,
+    Bounds,
+    ConfigError,
+    invalid,
+    printable,
+    shown,
+)
 
 PREFIX = "VLLM_XPU_MEMFIX"
 
@@ -91,6 +101,9 @@ class Variable:
     path: bool = False
     # The fixes that read it: a bad value turns these off at start-up (``registration``).
     fixes: tuple[str, ...] = ()
+    # A directory the plugin creates where it is missing: on this machine, the nearest part
+    # of the path that exists must be a directory this user may write in.
+    created: bool = False
 
 
 def _choice(variable: Variable, raw: str, _environ: Mapping[str, str]) -> str:
@@ -113,13 +126,25 @@ def _patterns(_variable: Variable, raw: str, _environ: Mapping[str, str]) -> tup
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
-def _optional_directory(variable: Variable, raw: str, _environ: Mapping[str, str]) -> Path | None:
-    if not raw.strip():
-        return None
-    path = Path(raw).expanduser()
-    if path.exists() and not path.is_dir():
-        raise invalid(variable.name, raw, f"{variable.accepted}; this path is not a directory")
-    return path
+def _optional_directory(_variable: Variable, raw: str, _environ: Mapping[str, str]) -> Path | None:
+    return Path(raw).expanduser() if raw.strip() else None
+
+
+def _check_creatable(variable: Variable, raw: str, path: Path) -> None:
+    """Refuse a directory that could not be created or written in: its nearest existing
+    part is not a directory, or this user may not write there. ``stat`` raises for a name
+    too long or a part that is a file: :func:`read_variable` turns that into a refusal."""
+    for part in (path, *path.parents):
+        try:
+            found = part.stat()
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(found.st_mode):
+            where = "this path" if part == path else str(part)
+            raise invalid(variable.name, raw, f"{variable.accepted}; {where} is not a directory")
+        if not os.access(part, os.W_OK | os.X_OK):
+            raise invalid(variable.name, raw, f"{variable.accepted}; {part} is not writable")
+        return
 
 
 LEDGER_OFF = "off"
@@ -320,6 +345,7 @@ PARAMETERS: tuple[Variable, ...] = (
         parse=_ledger_dir,
         path=True,
         fixes=("ledger",),
+        created=True,
     ),
     Variable(
         name=f"{PREFIX}_SYSROOT",
@@ -393,6 +419,7 @@ PARAMETERS: tuple[Variable, ...] = (
         parse=_lock_dir,
         path=True,
         fixes=("warmup_lock", "load_lock", "device_quant"),
+        created=True,
     ),
     Variable(
         name=f"{PREFIX}_KV_HEADROOM_SLACK_MIB",
@@ -465,7 +492,25 @@ class Settings:
 
 
 def read_variable(variable: Variable, environ: Mapping[str, str], this_machine: bool = True) -> Any:
+    """The value of ``variable``; :class:`ConfigError` for any value that cannot be used,
+    whatever reading or checking it raised (a ``~nouser`` home, a name too long for the
+    filesystem): the one guard every switch is read through."""
     raw = environ.get(variable.name, "")
+    try:
+        return _read(variable, raw, environ, this_machine)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise unusable(variable.name, raw, exc) from exc
+
+
+def unusable(name: str, raw: str, exc: BaseException) -> ConfigError:
+    """The one-line refusal of a value whose reading raised ``exc``."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return ConfigError(f"{name}={shown(raw)} cannot be used: {printable(why.rstrip('.'), 120)}")
+
+
+def _read(variable: Variable, raw: str, environ: Mapping[str, str], this_machine: bool) -> Any:
     if not raw.strip() and (variable.parse is _mode or variable is MASTER or variable.path):
         # A switch or a path left empty is unset (docker-compose's ``${X}`` of an unset X
         # is ""); an empty number is refused, as any value that is not one.
@@ -475,7 +520,10 @@ def read_variable(variable: Variable, environ: Mapping[str, str], this_machine: 
     if variable.path and not this_machine and variable.parse is not _lock_dir:
         # Another machine's path: taken as written, never looked up here.
         return Path(raw) if raw.strip() else (Path(variable.default) if variable.default else None)
-    return variable.parse(variable, raw, environ)
+    value = variable.parse(variable, raw, environ)
+    if variable.created and this_machine and raw.strip() and isinstance(value, Path):
+        _check_creatable(variable, raw, value)
+    return value
 
 
 def load(environ: Mapping[str, str] | None = None, this_machine: bool = True) -> Settings:

@@ -8,7 +8,7 @@ import re
 import secrets
 import socket
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from vllm_xpu_memfix.core import files
@@ -188,6 +188,13 @@ def start_identity(environ: MutableMapping[str, str] = os.environ) -> str:
     identity = mine + secrets.token_hex(3)
     environ[START_VARIABLE] = identity
     return identity
+
+
+def starts_the_instance(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process starts its vLLM instance (the API server, an ``LLM(...)``
+    program), not an engine or worker of one, which inherits its start identity."""
+    role = current_role().role
+    return role == "main" or (role == "other" and not environ.get(START_VARIABLE))
 
 
 def started_pid(identity: object) -> int | None:

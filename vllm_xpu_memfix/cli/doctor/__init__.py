@@ -42,7 +42,7 @@ from vllm_xpu_memfix.cli.doctor import (
     serveline,
     vllmline,
 )
-from vllm_xpu_memfix.core import config, files
+from vllm_xpu_memfix.core import config, files, redact
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
@@ -168,6 +168,7 @@ def _described_vllm(args: argparse.Namespace, machine: hostfile.Described | None
 
 
 def main(args: argparse.Namespace) -> int:
+    redact.redact_log_records(os.environ)  # huggingface_hub's and vLLM's records too
     try:
         if args.host and args.write_host:
             raise hostfile.HostFileError("--write-host writes this machine: drop --host")
