@@ -99,7 +99,7 @@ def read_monitor_csv(
     for line, row in _read_rows(path):
         try:
             if row["pid"] == "system":
-                sample = {k: _number(row[k]) for k in _SYSTEM_NUMBERS}
+                sample: dict[str, Any] = {k: _number(row[k]) for k in _SYSTEM_NUMBERS}
                 sample.update({k: _number(row[k]) for k in _LATER_SYSTEM_NUMBERS if k in row})
                 sample["others_unseen"] = row.get("others_unseen") or ""
                 if sample["t"] is None or sample["ts"] is None:
