@@ -22,6 +22,8 @@ from helpers.xe_trees import FOUR_PINNED, FOUR_UNPINNED, SCENARIOS, TWO_PINNED
 from vllm_xpu_memfix.cli import main, monitor
 from vllm_xpu_memfix.cli.plot import (
     DRIVER_HOST_COPY,
+    NOT_IN_ANY,
+    OTHER_PROCESSES,
     PEER_IMPORTS,
     PlotError,
     plot,
@@ -192,7 +194,7 @@ def test_a_process_hidden_from_us_stays_in_the_tree_and_is_reported_once(pair, m
     by_pid = {row["pid"]: row for row in rows}
     assert set(by_pid) == {parent, child}
     assert by_pid[child]["rss"] is None and by_pid[child]["pss"] is None
-    assert by_pid[child]["denied"] == "status, smaps_rollup, cgroup, fdinfo"
+    assert by_pid[child]["denied"] == "status, cgroup, fdinfo"
     assert by_pid[parent]["rss"] > 0 and by_pid[parent]["denied"] == ""
     assert system["rss"] == by_pid[parent]["rss"]
     report = sampler.peaks.report()
@@ -286,8 +288,62 @@ def test_plot_of_an_older_csv_without_the_columns_draws_neither(tmp_path):
     _, system = read_monitor_csv(tmp_path / "older.csv")
     assert [line.label for line in system_lines(system)] == [
         "MemAvailable drop since start",
-        "not in any process",
+        OTHER_PROCESSES,
+        NOT_IN_ANY,
     ]
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         svg = plot(tmp_path / "older.csv", tmp_path / "older.svg").read_text()
     assert DRIVER_HOST_COPY not in svg and "not in any process" in svg
+
+
+# A process outside the monitored tree that takes 400 MiB once told, then holds it.
+HOLDER = """
+import sys, time
+sys.stdin.readline()
+block = bytearray(400 * 1024 * 1024)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_neighbours_growth_is_other_processes_not_outside_any_process(pair):
+    """A real process beside the tree grows by 400 MiB: the others' column takes it, and
+    "not in any process" (what is left of MemAvailable's drop) does not."""
+    parent, _ = pair
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        sampler = monitor.Sampler(parent)
+        _, first = sampler.sample()
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "held"
+        _, system = sampler.sample()
+        grown = system["other_processes"] - first["other_processes"]
+        drop = first["mem_available"] - system["mem_available"]
+        assert grown >= 380 * MiB, grown
+        # Neighbours on a shared host move MemAvailable too; the 400 MiB must not be here.
+        assert system["outside_processes"] < drop - 300 * MiB or drop < 300 * MiB
+        assert "peak growth of other processes" in sampler.peaks.report()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_others_the_kernel_refuses_make_not_in_any_process_an_upper_bound(pair, tmp_path):
+    """hidepid=1: another process's status is refused (played by RefusingReader, as root
+    reads everything); the CSV says so and the picture labels the remainder a bound."""
+    parent, _ = pair
+    pytest.importorskip("matplotlib")
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    sampler = monitor.Sampler(parent, RefusingReader("/", 1, denied))
+    csv_path = tmp_path / "monitor.csv"
+    moments = iter([1, 2])
+    monitor.record(sampler, csv_path, lambda: next(moments, None) is not None, interval=0)
+    system = [r for r in csv.DictReader(csv_path.open()) if r["pid"] == "system"]
+    assert all("1 process(es) refused" in r["others_unseen"] for r in system)
+    _, read = read_monitor_csv(csv_path)
+    labels = [line.label for line in system_lines(read)]
+    assert any(label.startswith(NOT_IN_ANY + ": an upper bound") for label in labels), labels
+    assert "an upper bound" in sampler.peaks.report()

@@ -33,6 +33,8 @@ import psutil
 
 from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory.attribution import driver_host_copy, outside_any_process
+from vllm_xpu_memfix.memory.others import OtherProcesses, OthersSample
+from vllm_xpu_memfix.memory.pss_budget import Pss, PssCache
 from vllm_xpu_memfix.memory.snapshot import LIVE, ProcReader, Snapshot
 from vllm_xpu_memfix.memory.tree import role_of
 
@@ -60,6 +62,8 @@ COLUMNS = (
     "cgroup_current",
     "cgroup_max",
     "gpu_active",
+    "other_processes",
+    "others_unseen",
     "outside_processes",
     "driver_host_copy",
     "peer_imports",
@@ -81,7 +85,10 @@ class Peaks:
     summed_rss: int = 0
     summed_pss: int = 0
     mem_available_drop: int = 0
+    other_processes: int = 0
     outside_processes: int = 0
+    # What of the other processes could not be read, as last said; empty: all were.
+    others_unseen: str = ""
     # None until the tree has a DRM client.
     driver_host_copy: int | None = None
     peer_imports: int | None = None
@@ -93,7 +100,9 @@ class Peaks:
     def update(self, rows: list[dict[str, Any]], system: dict[str, Any]) -> None:
         self.summed_rss = max(self.summed_rss, sum(r["rss"] or 0 for r in rows))
         self.summed_pss = max(self.summed_pss, sum(r["pss"] or 0 for r in rows))
+        self.other_processes = max(self.other_processes, system["other_processes"] or 0)
         self.outside_processes = max(self.outside_processes, system["outside_processes"] or 0)
+        self.others_unseen = system["others_unseen"] or self.others_unseen
         self.driver_host_copy = _peak(self.driver_host_copy, system["driver_host_copy"])
         self.peer_imports = _peak(self.peer_imports, system["peer_imports"])
         for r in rows:
@@ -104,11 +113,13 @@ class Peaks:
                 self.per_process[r["pid"]] = max(self.per_process.get(r["pid"], 0), r["rss"])
 
     def report(self) -> str:
+        bound = f" (an upper bound: not seen: {self.others_unseen})" if self.others_unseen else ""
         lines = [
             f"peak summed RSS {self.summed_rss / MiB:,.0f} MiB, "
-            f"peak summed PSS {self.summed_pss / MiB:,.0f} MiB, "
-            f"largest MemAvailable drop {self.mem_available_drop / MiB:,.0f} MiB, "
-            f"peak outside any process {self.outside_processes / MiB:,.0f} MiB",
+            f"largest MemAvailable drop {self.mem_available_drop / MiB:,.0f} MiB",
+            f"peak tree PSS {self.summed_pss / MiB:,.0f} MiB, "
+            f"peak growth of other processes {self.other_processes / MiB:,.0f} MiB, "
+            f"peak not in any process {self.outside_processes / MiB:,.0f} MiB{bound}",
         ]
         if self.driver_host_copy is not None:
             lines.append(
@@ -150,19 +161,31 @@ def _rss(snap: Snapshot) -> int | None:
 
 
 class Sampler:
-    """Samples a process and its descendants as they appear and vanish."""
+    """Samples a process and its descendants as they appear and vanish, and the others."""
 
     def __init__(self, root_pid: int, reader: ProcReader = LIVE) -> None:
         self.root = psutil.Process(root_pid)
+        self.pss = PssCache(reader)
+        self.others = OtherProcesses(reader, self.pss)
         self.reader = reader
         self.t0 = time.time()
-        # The system and the tree at the first sample, which later samples are measured from.
+        # The system, the tree and the others at the first sample, which later samples
+        # are measured from.
         self.first: Snapshot | None = None
         self.first_tree_anon_pss = 0
+        self.first_others = 0
         self.first_imports = 0
         self.peaks = Peaks()
         # A worker's title is set a while after it starts; keep the most telling label.
         self.labels: dict[int, str] = {}
+
+    @property
+    def reader(self) -> ProcReader:
+        return self._reader
+
+    @reader.setter
+    def reader(self, reader: ProcReader) -> None:
+        self._reader = self.pss.reader = self.others.reader = reader
 
     def processes(self) -> list[psutil.Process]:
         try:
@@ -172,6 +195,7 @@ class Sampler:
 
     def sample(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         now = time.time()
+        self.pss.tick()
         rows: list[dict[str, Any]] = []
         for proc in self.processes():
             try:
@@ -179,12 +203,16 @@ class Sampler:
                 name = _allowed(proc.name, "unknown")
             except psutil.NoSuchProcess:  # and zombies: exited after listing
                 continue
-            snap = self.reader.take(proc.pid)
+            snap = self.reader.take(proc.pid, pss=False)
             if snap.gone:  # exited between listing and reading
                 continue
             role = role_of(cmdline)
             if role != "other" or proc.pid not in self.labels:
                 self.labels[proc.pid] = label_of(proc.pid, cmdline, name)
+            rss = _rss(snap)
+            pss = Pss(None, None)
+            if rss is not None:
+                pss = self.pss.get(proc.pid, rss, (snap.rss_anon or 0) + (snap.rss_shmem or 0))
             rows.append(
                 {
                     "ts": now,
@@ -192,30 +220,41 @@ class Sampler:
                     "pid": proc.pid,
                     "label": self.labels[proc.pid],
                     "role": role,
-                    "anon_pss": snap.anon_pss,
-                    "rss": _rss(snap),
+                    "anon_pss": pss.anon_pss,
+                    "rss": rss,
                     "rss_anon": snap.rss_anon,
                     "rss_file": snap.rss_file,
                     "rss_shmem": snap.rss_shmem,
-                    "pss": snap.pss,
+                    "pss": pss.pss,
                     "drm_cards": snap.drm.cards if snap.drm else None,
                     "drm_total_gtt": snap.drm.total_gtt if snap.drm else None,
                     "drm_total_vram": snap.drm.total_vram if snap.drm else None,
-                    "denied": ", ".join(snap.denied),
+                    "denied": ", ".join((*snap.denied, *(["smaps_rollup"] if pss.refused else []))),
                 }
             )
-        system = self._system_row(now, rows)
+        listed = self.others.pids()
+        others = self.others.sample({r["pid"] for r in rows}, listed)
+        self.pss.keep_only(listed)
+        system = self._system_row(now, rows, others)
         self.peaks.update(rows, system)
         return rows, system
 
-    def _system_row(self, now: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def _system_row(
+        self, now: float, rows: list[dict[str, Any]], others: OthersSample
+    ) -> dict[str, Any]:
         snap = self.reader.take(self.root.pid, pss=False)
         tree_anon_pss = sum(r["anon_pss"] or 0 for r in rows)
         imports = sum(r["drm_total_gtt"] or 0 for r in rows)
         if self.first is None:
             self.first, self.first_tree_anon_pss, self.first_imports = snap, tree_anon_pss, imports
+            self.first_others = others.anon
+        # What MemAvailable lost that no process maps: the tree's growth and the others'
+        # are both taken out.
         outside = outside_any_process(
-            self.first.available, snap.available, self.first_tree_anon_pss, tree_anon_pss
+            self.first.available,
+            snap.available,
+            self.first_tree_anon_pss + self.first_others,
+            tree_anon_pss + others.anon,
         )
         cards = max((r["drm_cards"] or 0 for r in rows), default=0)
         copy = driver_host_copy(
@@ -251,6 +290,8 @@ class Sampler:
             "cgroup_current": snap.cgroup_current,
             "cgroup_max": snap.cgroup_max,
             "gpu_active": snap.gpu_active,
+            "other_processes": others.anon - self.first_others,
+            "others_unseen": others.unseen,
             "outside_processes": outside.outside_processes,
             "driver_host_copy": copy.committed,
             "peer_imports": copy.peer_imports if cards else None,

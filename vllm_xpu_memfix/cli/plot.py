@@ -28,7 +28,9 @@ DEFAULT_NAME = "host-memory.png"
 NEEDED = ("ts", "t", "pid", "label", "rss", "pss", "mem_available", "outside_processes")
 _SYSTEM_NUMBERS = ("ts", "t", "mem_available", "outside_processes")
 # System figures of newer monitor CSVs, drawn where the CSV has them.
-_LATER_SYSTEM_NUMBERS = ("driver_host_copy", "peer_imports")
+_LATER_SYSTEM_NUMBERS = ("other_processes", "driver_host_copy", "peer_imports")
+OTHER_PROCESSES = "other processes' growth since start"
+NOT_IN_ANY = "not in any process"
 DRIVER_HOST_COPY = "driver host copy (committed)"
 PEER_IMPORTS = "peer imports (drm-total-gtt): not host memory by itself"
 
@@ -97,8 +99,9 @@ def read_monitor_csv(
     for line, row in _read_rows(path):
         try:
             if row["pid"] == "system":
-                sample = {k: _number(row[k]) for k in _SYSTEM_NUMBERS}
+                sample: dict[str, Any] = {k: _number(row[k]) for k in _SYSTEM_NUMBERS}
                 sample.update({k: _number(row[k]) for k in _LATER_SYSTEM_NUMBERS if k in row})
+                sample["others_unseen"] = row.get("others_unseen") or ""
                 if sample["t"] is None or sample["ts"] is None:
                     raise ValueError("no time")
                 system.append(sample)
@@ -192,8 +195,17 @@ def system_lines(system: list[dict[str, Any]]) -> list[Line]:
     if first_available is not None:
         drop = [(first_available - (s["mem_available"] or first_available)) / GiB for s in system]
         lines.append(Line("MemAvailable drop since start", drop, {"color": "black", "lw": 1.8}))
+    others = _gigabytes(system, "other_processes")
+    if others is not None:
+        style = {"color": "dimgrey", "lw": 1.5, "ls": "-."}
+        lines.append(Line(OTHER_PROCESSES, others, style))
+    unseen = next((s["others_unseen"] for s in reversed(system) if s["others_unseen"]), "")
+    # Before the others were measured (an older CSV), their growth is in this figure.
+    label = NOT_IN_ANY if others is not None else "outside vLLM's tree (others not measured)"
+    if unseen:
+        label += f": an upper bound (not seen: {unseen})"
     outside = [(s["outside_processes"] or 0) / GiB for s in system]
-    lines.append(Line("not in any process", outside, {"color": "crimson", "lw": 1.5, "ls": "--"}))
+    lines.append(Line(label, outside, {"color": "crimson", "lw": 1.5, "ls": "--"}))
     copy = _gigabytes(system, "driver_host_copy")
     if copy is not None:
         lines.append(Line(DRIVER_HOST_COPY, copy, {"color": "darkred", "lw": 2.2}))
