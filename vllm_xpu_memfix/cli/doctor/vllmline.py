@@ -62,6 +62,11 @@ _QUANT = re.compile(r"model config \((\S+)\) does not match .*`quantization` arg
 _HEADS = re.compile(
     r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)"
 )
+# transformers' refusal to load a configuration without its code
+# (dynamic_module_utils.resolve_trust_remote_code, 4.x and 5.x) and vLLM's wording of it
+# (vllm/transformers_utils/config.py, 0.32.0).
+_REMOTE_CODE = re.compile(r"custom code which must be executed|trust_remote_code=True")
+REMOTE_CODE = "not built: doctor does not run the checkpoint's code"
 
 
 def installed() -> str | None:
@@ -276,6 +281,15 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, ValueError)
 
 
+def _needs_code(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _REMOTE_CODE.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _given(namespace: argparse.Namespace) -> ServeArgs:
     """The model's arguments as the line gives them, where vLLM built no configuration."""
     names = {spec.name for spec in fields(ServeArgs)} & set(domain.DOMAIN)
@@ -300,6 +314,8 @@ def _build(namespace: argparse.Namespace, flags: list[str]) -> Any:
     from vllm.usage.usage_lib import UsageContext
 
     engine_args = AsyncEngineArgs.from_cli_args(namespace)
+    # Whatever the line says: doctor reads files, it never runs a checkpoint's Python.
+    engine_args.trust_remote_code = False
     flags += _not_modelled(namespace, engine_args)
     return engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
 
@@ -382,6 +398,8 @@ def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
         except Exception as exc:
             message = _message(exc)
             given = replace(_given(namespace), not_modelled=tuple(flags))
+            if _needs_code(exc):
+                return Reading(given, parser, unknown, REMOTE_CODE, XPU_DEFAULTS)
             if not _refused(exc):
                 not_built = f"not built by vLLM ({message}); the model's own checks"
                 return Reading(given, parser, unknown, not_built, XPU_DEFAULTS)
