@@ -32,7 +32,7 @@ class Prefix:
 def _stream(url: str, headers: dict[str, str], timeout: float) -> Iterator[Any]:
     from huggingface_hub.utils import get_session
 
-    session = get_session()
+    session: Any = get_session()
     if hasattr(session, "stream"):  # httpx (huggingface_hub 1.x and later)
         with session.stream("GET", url, headers=headers, timeout=timeout) as response:
             yield response
