@@ -301,3 +301,44 @@ def test_a_read_past_its_deadline_is_abandoned(monkeypatch):
 def test_what_names_a_model_on_the_hub(name, reference):
     assert hub.hub_reference(name) == reference
     assert hub.is_gguf(name) == name.endswith((".gguf", ":Q4_K_M"))
+
+
+# --- hostile answers (issue 59, item 5) -------------------------------------------------------
+
+
+def test_a_server_that_ignores_range_costs_the_header_and_is_said(standin, online):
+    standin.ignore_range = True
+    try:
+        got = report(doctor("sentence-transformers/all-MiniLM-L6-v2", "--json", **online))
+    finally:
+        standin.ignore_range = False
+    assert got["model"]["checkpoint_bytes"] == 90_868_376 - 8 - 11_408
+    assert "the server ignored Range" in got["model"]["model"]
+    # Dropped after the bytes asked for (plus what the socket buffers held), never the file.
+    assert standin.weight_bytes_served() < 16 * 1024 * 1024 < 90_868_376
+
+
+def test_a_config_past_its_cap_is_refused_before_download_and_not_cached(tmp_path):
+    from helpers.hub_standin import File
+
+    header = (HUB / "all-minilm-l6-v2.safetensors-header").read_bytes()
+    repo = {"config.json": File(b"{", 300 * 1024 * 1024, False),
+            "model.safetensors": File(header, 90_868_376, True)}  # fmt: skip
+    with Server({"org/huge-config": repo}) as hub_:
+        env = {"HF_ENDPOINT": hub_.url, "HF_HUB_CACHE": str(tmp_path / "c"), "HF_HUB_OFFLINE": "0"}
+        line = refused(doctor("org/huge-config", "--params", "8B", **env))
+        gets = [path for method, path, _ in hub_.requests if method == "GET"]
+    assert "config.json is 314,572,800 bytes, above doctor's cap" in line, line
+    assert not any(path.endswith("config.json") for path in gets)
+    assert not [p for p in (tmp_path / "c").rglob("*") if p.is_file() and p.stat().st_size > 1e6]
+
+
+def test_a_hub_header_that_does_not_fit_its_file_is_named_whatever_params_say(tmp_path):
+    from helpers.hub_standin import File
+
+    header = (HUB / "all-minilm-l6-v2.safetensors-header").read_bytes()
+    repo = {"model.safetensors": File(header, 1_000_000, True)}  # the file is too short
+    with Server({"org/short": repo}) as hub_:
+        env = {"HF_ENDPOINT": hub_.url, "HF_HUB_CACHE": str(tmp_path / "c"), "HF_HUB_OFFLINE": "0"}
+        line = refused(doctor("org/short", "--params", "8B", **env))
+    assert line.startswith("doctor: org/short on the Hub, model.safetensors: the tensors cover")

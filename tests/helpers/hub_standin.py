@@ -11,6 +11,12 @@ A weight file is its recorded header followed by zeros up to its real size: noth
 beyond the header is known, and a GET of a weight file without a Range (a download) is
 answered 500 and counted, so a test can assert that no weight was ever fetched. Every
 request is logged. The data and its provenance: tests/data/hub/README.md.
+
+Hostile answers, each a field of :class:`StandIn` a test sets: ``ignore_range`` (a mirror
+that answers a range request with 200 and the whole file, weights included: what it sent
+is counted), ``drip_s`` (a pause before each 1 KiB of a body), ``redirect`` (each file
+answered 307 to another path first). A file may be larger than its recorded head (a
+300 MiB config.json): it is sent in pieces, zeros after the head.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import lzma
 import re
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -114,6 +121,9 @@ class StandIn:
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, range
     downloads: list[str] = field(default_factory=list)  # weight files asked for whole
     served: dict[str, int] = field(default_factory=dict)  # bytes of weight files sent
+    ignore_range: bool = False
+    drip_s: float = 0.0
+    redirect: bool = False
 
     def weight_bytes_served(self) -> int:
         return sum(self.served.values())
@@ -136,13 +146,31 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _send(self, status: int, body: bytes = b"", **headers: str) -> None:
+            self._send_file(status, File(body, len(body), False), 0, len(body) - 1, "", headers)
+
+        def _send_file(
+            self, status: int, found: File, start: int, end: int, key: str, headers: dict[str, str]
+        ) -> None:
+            """Bytes ``start``..``end`` of ``found``, in pieces (dripped where asked); what
+            reached the client of a weight file (``key``) is counted."""
             self.send_response(status)
-            for key, value in headers.items():
-                self.send_header(key.replace("_", "-"), value)
-            self.send_header("Content-Length", str(len(body)))
+            for name, value in headers.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.send_header("Content-Length", str(max(0, end + 1 - start)))
             self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            if self.command == "HEAD":
+                return
+            step = 1024 if hub.drip_s else 1024 * 1024
+            try:
+                for at in range(start, end + 1, step):
+                    if hub.drip_s:
+                        time.sleep(hub.drip_s)
+                    piece = found.read(at, min(end, at + step - 1))
+                    self.wfile.write(piece)
+                    if key:
+                        hub.served[key] = hub.served.get(key, 0) + len(piece)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
 
         def _missing(self, code: str) -> None:
             self._send(404, json.dumps({"error": code}).encode(), X_Error_Code=code)
@@ -168,7 +196,11 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
                     "siblings": [{"rfilename": name} for name in sorted(hub.repos[repo])],
                 }
                 return self._send(200, json.dumps(body).encode(), Content_Type="application/json")
+            moved = path.startswith("/moved/")
+            path = path.removeprefix("/moved")
             resolved = _RESOLVE.match(path)
+            if resolved and hub.redirect and not moved:
+                return self._send(307, Location=f"/moved{self.path}")
             if not resolved or resolved.group("repo") not in hub.repos:
                 return self._missing("RepoNotFound")
             repo, name = resolved.group("repo"), resolved.group("file")
@@ -187,21 +219,18 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 return None
             wanted = _RANGE.match(byte_range)
+            key = f"{repo}/{name}" if found.weights else ""
+            if hub.ignore_range:
+                return self._send_file(200, found, 0, found.size - 1, key, common)
             if not wanted:
                 if found.weights:
                     hub.downloads.append(f"{repo}/{name}")
                     return self._send(500, b"the stand-in Hub serves no weights")
-                return self._send(200, found.head, **common)
+                return self._send_file(200, found, 0, found.size - 1, "", common)
             start = int(wanted.group(1))
-            end = int(wanted.group(2)) if wanted.group(2) else found.size - 1
-            body = found.read(start, end)
-            if found.weights:
-                key = f"{repo}/{name}"
-                hub.served[key] = hub.served.get(key, 0) + len(body)
-            last = start + len(body) - 1
-            return self._send(
-                206, body, Content_Range=f"bytes {start}-{last}/{found.size}", **common
-            )
+            end = min(int(wanted.group(2)) if wanted.group(2) else found.size - 1, found.size - 1)
+            common["Content_Range"] = f"bytes {start}-{end}/{found.size}"
+            return self._send_file(206, found, start, end, key, common)
 
     return Handler
 

@@ -9,6 +9,7 @@ A host file's own value always wins over a row here (``[gpu] memory_gib``,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # --- GPU models ---------------------------------------------------------------------------
@@ -324,20 +325,44 @@ def image_vllm_version(name: str) -> str | None:
 ONE_LAYOUT_IMAGE = "intel/llm-scaler-vllm:0.21.0-b2"
 
 
-def _tag(name: str) -> str:
-    return name.strip().rpartition(":")[2].removeprefix("vllm-")
+REPOSITORY = "intel/llm-scaler-vllm"
+# A reference as docker reads one: [registry/]repository[:tag][@digest].
+_REFERENCE = re.compile(
+    r"(?:(?P<repo>[a-z0-9][a-z0-9._/-]*(?::\d+/[a-z0-9._/-]+)?):)?(?P<tag>[\w][\w.-]{0,127})"
+    r"(?:@sha256:[0-9a-f]{64})?"
+)
+
+
+def _tag(name: str) -> str | None:
+    """The tag of an Intel llm-scaler-vllm image reference (the bare tag, or with the
+    repository, a registry and a digest); None for another repository: an image is Intel's
+    by its repository name alone."""
+    match = _REFERENCE.fullmatch(name.strip())
+    if match is None:
+        return None
+    repo = match.group("repo")
+    registry, _, path = (repo or REPOSITORY).partition("/")
+    if "." not in registry and ":" not in registry and registry != "localhost":
+        path = repo or REPOSITORY  # no registry: Docker Hub
+    if path != REPOSITORY:
+        return None
+    return match.group("tag").removeprefix("vllm-")
 
 
 def image_named(name: str) -> Image | None:
-    """``intel/llm-scaler-vllm:0.21.0-b2`` or the bare tag (``0.21.0-b2``, ``vllm-0.21.0-b2``);
-    an alias (``1.4``) gives the row of the image it names."""
+    """``intel/llm-scaler-vllm:0.21.0-b2`` (a registry and ``@sha256:`` digest allowed) or
+    the bare tag (``0.21.0-b2``, ``vllm-0.21.0-b2``); an alias (``1.4``) gives the row of the
+    image it names."""
     tag = _tag(name)
-    return _IMAGES.get(ALIASES.get(tag, tag))
+    return None if tag is None else _IMAGES.get(ALIASES.get(tag, tag))
 
 
 def not_in_table(name: str) -> str:
-    """Why ``name`` has no row, in a clause: a moving tag says so; any other lists the rows."""
+    """Why ``name`` has no row, in a clause: another repository or a moving tag says so; any
+    other lists the rows."""
     tag = _tag(name)
+    if tag is None:
+        return f"image {name!r} is not Intel's llm-scaler image ({REPOSITORY}:TAG, or TAG)"
     if tag in MOVING:
         return f"image {name!r} {MOVING[tag]}"
     return f"image {name!r} is not in doctor's table ({IMAGE_TAGS})"

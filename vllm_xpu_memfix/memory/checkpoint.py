@@ -212,35 +212,46 @@ def tensors_of(header: Any, data_bytes: int) -> tuple[Tensor, ...]:
     return tuple(tensor for tensor, _, _ in spans)
 
 
+def header_length(where: str, first: bytes, size: int) -> int:
+    """The header length a safetensors file's first 8 bytes give, checked against the
+    file's ``size``; CheckpointError naming ``where`` (a path, or a file on the Hub)."""
+    if len(first) != 8 or size < 8:
+        raise CheckpointError(f"{where}: too short to be a safetensors file")
+    (length,) = struct.unpack("<Q", first)
+    if length > MAX_HEADER:
+        raise CheckpointError(
+            f"{where}: header length {length} is above safetensors' limit of {MAX_HEADER}"
+        )
+    if length > size - 8:
+        raise CheckpointError(
+            f"{where}: header length {length} points past the end of the file ({size} bytes)"
+        )
+    return int(length)
+
+
+def header_tensors(where: str, header_bytes: bytes, size: int) -> tuple[Tensor, ...]:
+    """The tensors of a safetensors header, checked against its file's ``size``."""
+    try:
+        header = _json(header_bytes)
+    except (ValueError, RecursionError) as exc:
+        reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else f"not JSON ({exc})"
+        raise CheckpointError(f"{where}: the safetensors header is {reason}") from None
+    try:
+        return tensors_of(header, size - 8 - len(header_bytes))
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+
+
 def read_shard(path: Path) -> tuple[Tensor, ...]:
     """The tensors of one safetensors file, its header checked against the file."""
     try:
         with path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise CheckpointError(f"{path}: too short to be a safetensors file")
-            (length,) = struct.unpack("<Q", raw)
-            if length > MAX_HEADER:
-                raise CheckpointError(
-                    f"{path}: header length {length} is above safetensors' limit of {MAX_HEADER}"
-                )
-            if length > size - 8:
-                raise CheckpointError(
-                    f"{path}: header length {length} points past the end of the file ({size} bytes)"
-                )
+            length = header_length(str(path), f.read(8), size)
             header_bytes = f.read(length)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    try:
-        header = _json(header_bytes)
-    except (ValueError, RecursionError) as exc:
-        reason = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else f"not JSON ({exc})"
-        raise CheckpointError(f"{path}: the safetensors header is {reason}") from None
-    try:
-        return tensors_of(header, size - 8 - length)
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
+    return header_tensors(str(path), header_bytes, size)
 
 
 def _read_json(path: Path, limit: int) -> Any:

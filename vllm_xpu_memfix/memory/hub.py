@@ -3,10 +3,14 @@
 Through ``huggingface_hub`` (installed with vLLM, imported only here and only for a model
 that is not at hand): config.json, or a quantization file beside it
 (``quantize_config.json``, ``quant_config.json``), and the index, into the Hub cache as
-vLLM fetches them; each shard's safetensors header by range request
-(``HfApi.parse_safetensors_file_metadata``: the first 100 kB of the file, more only where
-a header is larger); a GGUF header by range request on the file's resolve URL, at most
-``MAX_GGUF_HEADER`` bytes. ``HF_ENDPOINT``,
+vLLM fetches them, each refused past its cap (``MAX_CONFIG``, ``MAX_INDEX``) by its size
+before it is downloaded, and taken out of the cache again where it proves larger; each
+shard's safetensors header by range request (the first 100 kB of the file, as
+``HfApi.parse_safetensors_file_metadata`` asks, more only where a header is larger) and
+checked against the file's size as a local file is; a GGUF header by range request on the
+file's resolve URL, at most ``MAX_GGUF_HEADER`` bytes. Each range request is streamed and
+stopped at the bytes asked for (``hub_ranges``), so a server that ignores Range costs
+those bytes, and the report says so. ``HF_ENDPOINT``,
 ``HF_HUB_OFFLINE``, ``HF_TOKEN`` and the cache are huggingface_hub's own, read from the
 environment as it is imported. Every request has a timeout and the whole read a deadline:
 past it the read is left to a daemon thread and the checkpoint is unknown. No weight is
@@ -15,22 +19,25 @@ ever requested.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import io
 import re
 import threading
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.memory import gguf
+from vllm_xpu_memfix.memory import gguf, hub_ranges
 from vllm_xpu_memfix.memory.checkpoint import (
     INDEX_NAME,
+    MAX_CONFIG,
+    MAX_INDEX,
     Checkpoint,
     CheckpointError,
     Tensor,
+    header_length,
+    header_tensors,
     read_config_file,
     read_index,
-    tensors_of,
 )
 
 # vLLM's remote GGUF form (``repo_id:quant_type``, vllm/transformers_utils/gguf_utils.py
@@ -41,6 +48,7 @@ _GGUF_FILE = re.compile(r"^([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)/(.+\.gguf)$",
 # AWQConfig.get_config_filenames, 0.32.0).
 QUANT_FILES = ("quantize_config.json", "quant_config.json")
 SINGLE = "model.safetensors"
+FIRST_SAFETENSORS_READ = 100_001  # huggingface_hub's bytes=0-100000
 FIRST_GGUF_READ = 1024 * 1024
 MAX_GGUF_HEADER = 64 * 1024 * 1024  # a 262k-token vocabulary takes about 7 MB
 REQUEST_TIMEOUT = 10.0
@@ -74,10 +82,11 @@ def hub_reference(name: str) -> tuple[str, str | None, str | None] | None:
     return None
 
 
-def read(name: str, deadline: float) -> Checkpoint:
+def read(name: str, deadline: float, notes: list[str] | None = None) -> Checkpoint:
     """The checkpoint ``name`` names on the Hub, from its metadata, within ``deadline``
     seconds; ``HubUnavailable`` where the Hub cannot be asked or did not answer,
-    ``CheckpointError`` where what it served cannot be read."""
+    ``CheckpointError`` where what it served cannot be read. ``notes`` gets what the
+    report should say of how it was read (a server that ignored Range)."""
     reference = hub_reference(name)
     if reference is None:
         raise HubUnavailable(f"{name} is not a Hugging Face id")
@@ -90,10 +99,11 @@ def read(name: str, deadline: float) -> Checkpoint:
     if constants.HF_HUB_OFFLINE:
         raise HubUnavailable("HF_HUB_OFFLINE is set, so the Hub is not asked")
     outcome: list[Any] = []
+    said: list[str] = []
 
     def run() -> None:
         try:
-            outcome.append(_read(*reference, min(deadline, REQUEST_TIMEOUT)))
+            outcome.append(_read(*reference, min(deadline, REQUEST_TIMEOUT), said))
         except BaseException as exc:  # handed to the caller's thread
             outcome.append(exc)
 
@@ -105,10 +115,14 @@ def read(name: str, deadline: float) -> Checkpoint:
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     ckpt: Checkpoint = outcome[0]
+    if notes is not None:
+        notes += dict.fromkeys(said)
     return ckpt
 
 
-def _read(repo: str, filename: str | None, quant: str | None, timeout: float) -> Checkpoint:
+def _read(
+    repo: str, filename: str | None, quant: str | None, timeout: float, notes: list[str]
+) -> Checkpoint:
     from huggingface_hub import HfApi
 
     try:
@@ -116,8 +130,8 @@ def _read(repo: str, filename: str | None, quant: str | None, timeout: float) ->
         info = HfApi().model_info(repo, timeout=timeout)
         files = frozenset(s.rfilename for s in info.siblings or ())
         if filename or quant:
-            return _gguf_checkpoint(repo, files, filename, quant, timeout)
-        return _safetensors_checkpoint(repo, files, timeout)
+            return _gguf_checkpoint(repo, files, filename, quant, timeout, notes)
+        return _safetensors_checkpoint(repo, files, timeout, notes)
     except (CheckpointError, HubUnavailable):
         raise
     except Exception as exc:
@@ -137,12 +151,35 @@ def _why(repo: str, exc: Exception) -> str:
     return f"the Hub could not be read for {repo} ({kind})"
 
 
-def _json(repo: str, name: str, timeout: float) -> dict[str, Any]:
-    """A small JSON file of the repository, through the Hub cache as vLLM fetches it."""
-    from huggingface_hub import hf_hub_download
+def _forget(path: Path) -> None:
+    """A file huggingface_hub downloaded, out of its cache again: the snapshot's link and
+    the blob it names."""
+    with contextlib.suppress(OSError):
+        blob = path.resolve()
+        path.unlink()
+        blob.unlink()
 
-    found, problem = read_config_file(Path(hf_hub_download(repo, name, etag_timeout=timeout)))
+
+def _downloaded(repo: str, name: str, cap: int, timeout: float) -> Path:
+    """A small file of the repository in the Hub cache, as vLLM fetches it; refused by the
+    size the Hub gives before it is downloaded where that is past ``cap``."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    size = get_hf_file_metadata(hf_hub_url(repo, name), timeout=timeout).size
+    if size is not None and size > cap:
+        raise CheckpointError(
+            f"{repo} on the Hub: {name} is {size:,} bytes, above doctor's cap of {cap:,}; "
+            "not downloaded"
+        )
+    return Path(hf_hub_download(repo, name, etag_timeout=timeout))
+
+
+def _json(repo: str, name: str, timeout: float) -> dict[str, Any]:
+    """A small JSON file of the repository (config.json, a quantization file)."""
+    path = _downloaded(repo, name, MAX_CONFIG, timeout)
+    found, problem = read_config_file(path)
     if problem:
+        _forget(path)
         raise CheckpointError(f"{repo} on the Hub: {problem}")
     return found
 
@@ -159,38 +196,54 @@ def _config(repo: str, files: frozenset[str], timeout: float) -> dict[str, Any]:
     return config
 
 
-def _safetensors_checkpoint(repo: str, files: frozenset[str], timeout: float) -> Checkpoint:
-    """Each shard's header, as ``HfApi.parse_safetensors_file_metadata`` reads it: the
-    shards are ``model.safetensors``, else those the index names (as vLLM loads them)."""
-    from huggingface_hub import HfApi, hf_hub_download
+def _prefix(
+    url: str, where: str, start: int, length: int, timeout: float, notes: list[str]
+) -> hub_ranges.Prefix:
+    got = hub_ranges.prefix(url, start, length, timeout)
+    if got.range_ignored:
+        notes.append(
+            f"{where}: the server ignored Range (answered 200 with the whole file); doctor "
+            "read the bytes the header needs and dropped the rest"
+        )
+    if got.total is None:
+        raise HubUnavailable(f"{where}: the Hub gave no size of the file")
+    return got
 
+
+def _shard_tensors(repo: str, shard: str, timeout: float, notes: list[str]) -> tuple[Tensor, ...]:
+    """One shard's safetensors header, checked against the file's size as on disk."""
+    from huggingface_hub import hf_hub_url
+
+    url, where = hf_hub_url(repo, shard), f"{repo} on the Hub, {shard}"
+    first = _prefix(url, where, 0, FIRST_SAFETENSORS_READ, timeout, notes)
+    assert first.total is not None
+    length = header_length(where, first.data[:8], first.total)
+    header = first.data[8 : 8 + length]
+    if len(header) < length:
+        header += _prefix(url, where, 8 + len(header), length - len(header), timeout, notes).data
+    if len(header) < length:
+        raise CheckpointError(f"{where}: the Hub's answer ends inside its safetensors header")
+    return header_tensors(where, header, first.total)
+
+
+def _safetensors_checkpoint(
+    repo: str, files: frozenset[str], timeout: float, notes: list[str]
+) -> Checkpoint:
+    """Each shard's header: the shards are ``model.safetensors``, else those the index
+    names (as vLLM loads them)."""
     config = _config(repo, files, timeout)
     if SINGLE in files:
         shards: tuple[str, ...] = (SINGLE,)
     elif INDEX_NAME in files:
-        index_path = Path(hf_hub_download(repo, INDEX_NAME, etag_timeout=timeout))
+        index_path = _downloaded(repo, INDEX_NAME, MAX_INDEX, timeout)
         index, problem = read_index(index_path.parent)
         if index is None:
+            _forget(index_path)
             raise CheckpointError(f"{repo} on the Hub: {problem}")
         shards = index.shards
     else:
         raise HubUnavailable(f"{repo} on the Hub holds neither {SINGLE} nor {INDEX_NAME}")
-    api = HfApi()
-    # The timeout argument came with huggingface_hub 1.x; older ones use their default.
-    takes_timeout = "timeout" in inspect.signature(api.parse_safetensors_file_metadata).parameters
-    extra: dict[str, Any] = {"timeout": timeout} if takes_timeout else {}
-    tensors: list[Tensor] = []
-    for shard in shards:
-        meta = api.parse_safetensors_file_metadata(repo, shard, **extra)
-        header = {
-            name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
-            for name, t in meta.tensors.items()
-        }
-        end = max((t.data_offsets[1] for t in meta.tensors.values()), default=0)
-        try:
-            tensors += tensors_of(header, end)
-        except ValueError as exc:
-            raise CheckpointError(f"{repo} on the Hub, {shard}: {exc}") from None
+    tensors = [t for shard in shards for t in _shard_tensors(repo, shard, timeout, notes)]
     if not tensors:
         raise CheckpointError(f"{repo} on the Hub: its safetensors headers name no tensors")
     return Checkpoint(None, tuple(map(Path, shards)), tuple(tensors), config)
@@ -207,7 +260,12 @@ def _gguf_files(files: frozenset[str], quant: str) -> list[str]:
 
 
 def _gguf_checkpoint(
-    repo: str, files: frozenset[str], filename: str | None, quant: str | None, timeout: float
+    repo: str,
+    files: frozenset[str],
+    filename: str | None,
+    quant: str | None,
+    timeout: float,
+    notes: list[str],
 ) -> Checkpoint:
     names = [filename] if filename else _gguf_files(files, quant or "")
     if not names or (filename and filename not in files):
@@ -216,7 +274,7 @@ def _gguf_checkpoint(
     tensors: list[Tensor] = []
     config: dict[str, Any] = {}
     for name in names:
-        found, own = _gguf_header(repo, name, timeout)
+        found, own = _gguf_header(repo, name, timeout, notes)
         tensors += [Tensor(n, kind, shape, nbytes) for n, kind, shape, nbytes in found]
         config = config or own
     if not tensors:
@@ -225,36 +283,25 @@ def _gguf_checkpoint(
 
 
 def _gguf_header(
-    repo: str, filename: str, timeout: float
+    repo: str, filename: str, timeout: float, notes: list[str]
 ) -> tuple[list[tuple[str, str, tuple[int, ...], int]], dict[str, Any]]:
     """One GGUF file's header, by range requests of growing size up to the cap."""
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    url = hf_hub_url(repo, filename)
+    url, where = hf_hub_url(repo, filename), f"{repo}/{filename}"
     length = FIRST_GGUF_READ
     while True:
-        headers = {**build_hf_headers(), "Range": f"bytes=0-{length - 1}"}
-        response = get_session().get(url, headers=headers, timeout=timeout)
-        hf_raise_for_status(response)
-        total = _range_total(response)
-        if response.status_code != 206 or total is None or len(response.content) > length:
-            raise HubUnavailable(f"{repo}/{filename}: the Hub did not answer a range request")
+        got = _prefix(url, where, 0, length, timeout, notes)
+        assert got.total is not None
         try:
-            return gguf.parse(io.BytesIO(response.content), total)
+            return gguf.parse(io.BytesIO(got.data), got.total)
         except gguf.GgufTruncated:
-            if length >= min(total, MAX_GGUF_HEADER):
+            if length >= min(got.total, MAX_GGUF_HEADER):
                 raise CheckpointError(
-                    f"{repo}/{filename}: its GGUF header is longer than {MAX_GGUF_HEADER:,} bytes"
-                    if total > MAX_GGUF_HEADER
-                    else f"{repo}/{filename}: the file ends inside its GGUF header"
+                    f"{where}: its GGUF header is longer than {MAX_GGUF_HEADER:,} bytes"
+                    if got.total > MAX_GGUF_HEADER
+                    else f"{where}: the file ends inside its GGUF header"
                 ) from None
             length = min(length * 4, MAX_GGUF_HEADER)
         except gguf.GgufError as exc:
-            raise CheckpointError(f"{repo}/{filename}: {exc}") from None
-
-
-def _range_total(response: Any) -> int | None:
-    """The file's size from ``Content-Range: bytes 0-N/TOTAL``."""
-    match = re.fullmatch(r"bytes \d+-\d+/(\d+)", response.headers.get("Content-Range", ""))
-    return int(match.group(1)) if match else None
+            raise CheckpointError(f"{where}: {exc}") from None

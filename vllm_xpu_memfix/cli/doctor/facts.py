@@ -130,8 +130,10 @@ def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
     cached, held, cache_note = (None, None, "") if in_repo_gguf else _from_cache(args.model)
     if held is not None and held[0].complete:
         return held
+    notes: list[str] = []  # a server that ignored Range
     try:
-        return hub.read(args.model, HUB_DEADLINE), f"{args.model} (Hugging Face Hub: metadata)"
+        ckpt = hub.read(args.model, HUB_DEADLINE, notes)
+        return ckpt, f"{args.model} (Hugging Face Hub: metadata{''.join('; ' + n for n in notes)})"
     except hub.LibraryMissing as exc:
         why = cache_note.removesuffix("; ") or str(exc)
     except hub.HubUnavailable as exc:

@@ -30,7 +30,7 @@ class HostFileError(ValueError):
 
 RAM = Bounds(0, 65536, above_minimum=True, unit="GiB")
 SIZE = Bounds(0, 65536, unit="GiB")
-GPU_MEMORY = Bounds(0, 1024, above_minimum=True, unit="GiB")
+GPU_MEMORY = Bounds(1, 1024, unit="GiB")  # no Intel GPU has less than 1 GiB
 GPU_COUNT = Bounds(1, 64, integer=True)
 MAX_GPUS = 64
 # A host file is a few KiB (doctor --write-host writes about 1); anything larger is not one.
@@ -122,7 +122,7 @@ def load(path: str | Path) -> Described:
     if sum(raw.count(mark) for mark in b",=[{") > HOST_LIMITS.values:  # before tomllib's slow parse
         raise HostFileError(f"{name}: more than {HOST_LIMITS.values:,} values; not a host file")
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # an editor's byte-order mark
         bounded.check(data, HOST_LIMITS)
     except UnicodeDecodeError:
         raise HostFileError(f"{name}: is not UTF-8 text, so not TOML") from None

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NoReturn
 
-from vllm_xpu_memfix.cli.doctor import serveline
+from vllm_xpu_memfix.cli.doctor import configfile, serveline
 from vllm_xpu_memfix.core.log import fit
 from vllm_xpu_memfix.startup import codes, domain, engine_config
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -62,6 +62,11 @@ _QUANT = re.compile(r"model config \((\S+)\) does not match .*`quantization` arg
 _HEADS = re.compile(
     r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)"
 )
+# transformers' refusal to load a configuration without its code
+# (dynamic_module_utils.resolve_trust_remote_code, 4.x and 5.x) and vLLM's wording of it
+# (vllm/transformers_utils/config.py, 0.32.0).
+_REMOTE_CODE = re.compile(r"custom code which must be executed|trust_remote_code=True")
+REMOTE_CODE = "not built: doctor does not run the checkpoint's code"
 
 
 def installed() -> str | None:
@@ -136,6 +141,14 @@ class _Reader(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise serveline.ServeLineError("the serve line asks vLLM's parser to print and exit")
+
+    def _pull_args_from_config(self, args: list[str]) -> list[str]:
+        configfile.check_count(args)
+        pulled: list[str] = super()._pull_args_from_config(args)  # type: ignore[misc]
+        return pulled
+
+    def load_config_file(self, file_path: str) -> list[str]:
+        return configfile.load(file_path, super().load_config_file)  # type: ignore[misc]
 
 
 @functools.cache
@@ -214,6 +227,10 @@ def _parse(words: Sequence[str]) -> tuple[argparse.Namespace, tuple[str, ...]]:
     parser.parse_known_args = keep_extra
     try:
         namespace = parser.parse_args(["serve", *rest] if serve else rest)
+    except serveline.ServeLineError:
+        raise
+    except (ValueError, AssertionError) as exc:  # its --config checks
+        raise serveline.ServeLineError(f"vLLM's parser: {_message(exc)}") from None
     finally:
         del parser.parse_known_args
     if getattr(namespace, "model_tag", None):
@@ -276,9 +293,35 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, ValueError)
 
 
+def _needs_code(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _REMOTE_CODE.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _out_of_bounds(namespace: argparse.Namespace) -> dict[str, str]:
+    """The modelled values of the line that doctor's own bounds refuse (``-tp 0``), by
+    field: why, naming the flag."""
+    found = {}
+    for flag, (name, kind) in {**serveline.MODELLED, **serveline.LINE_ONLY}.items():
+        value = getattr(namespace, name, None)
+        if not flag.startswith("--") or value is None or name in found or kind == "text":
+            continue
+        try:
+            serveline.value_of(kind, str(value))
+        except ValueError as exc:
+            found[name] = f"{flag} {exc}"
+    return found
+
+
 def _given(namespace: argparse.Namespace) -> ServeArgs:
-    """The model's arguments as the line gives them, where vLLM built no configuration."""
+    """The model's arguments as the line gives them, where vLLM built no configuration;
+    a value out of doctor's bounds (which vLLM refused) is left to the model's default."""
     names = {spec.name for spec in fields(ServeArgs)} & set(domain.DOMAIN)
+    names -= set(_out_of_bounds(namespace))
     values = {n: getattr(namespace, n) for n in names if getattr(namespace, n, None) is not None}
     if values.get("max_model_len") == serveline.FITTED:
         values.update(max_model_len=None, max_model_len_fitted=True)
@@ -300,6 +343,8 @@ def _build(namespace: argparse.Namespace, flags: list[str]) -> Any:
     from vllm.usage.usage_lib import UsageContext
 
     engine_args = AsyncEngineArgs.from_cli_args(namespace)
+    # Whatever the line says: doctor reads files, it never runs a checkpoint's Python.
+    engine_args.trust_remote_code = False
     flags += _not_modelled(namespace, engine_args)
     return engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
 
@@ -382,7 +427,11 @@ def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
         except Exception as exc:
             message = _message(exc)
             given = replace(_given(namespace), not_modelled=tuple(flags))
+            if _needs_code(exc):
+                return Reading(given, parser, unknown, REMOTE_CODE, XPU_DEFAULTS)
             if not _refused(exc):
+                for why in _out_of_bounds(namespace).values():
+                    raise serveline.ServeLineError(why) from None
                 not_built = f"not built by vLLM ({message}); the model's own checks"
                 return Reading(given, parser, unknown, not_built, XPU_DEFAULTS)
             refused = replace(given, config_checked=True, refused=(message,))
