@@ -11,8 +11,12 @@ vLLM's own parser (``make_arg_parser`` of vllm/entrypoints/launchers/cli_args.py
   configuration is vLLM refusing: its own message, one line, goes to the model as a
   refusal; where the message names the flags, each nearest change is built again and kept
   as a remedy only where vLLM accepts it.
-- Anything else (no config.json reachable, offline Hub, an import error) is "not built":
-  the line's values as given, the model's own checks, and the reason said.
+- Anything else (no config.json reachable, offline Hub, an import error, an inspection that
+  failed in vLLM's subprocess for a package missing here) is "not built": the line's values
+  as given, the model's own checks, and the reason said. A refusal counts as vLLM's only
+  where the vLLM here is the release judged for and resolved the platform judged for
+  (:func:`reader_for`, :func:`read`'s ``platform``); vLLM that fails to import here is
+  :class:`Unavailable`, and doctor's own parser reads the line.
 - The test bed's vLLM resolves its CPU platform; the fields that platform sets
   (vllm/platforms/cpu.py ``check_and_update_config``: the KV cache from
   ``VLLM_CPU_KVCACHE_SPACE``, the ``mp`` executor; vllm/engine/arg_utils.py
@@ -62,6 +66,14 @@ _QUANT = re.compile(r"model config \((\S+)\) does not match .*`quantization` arg
 _HEADS = re.compile(
     r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)"
 )
+# vLLM's registry when the model class's inspection failed in its subprocess (an import of
+# an optional package such as torchvision): a failure here, not a refusal
+# (vllm/model_executor/models/registry.py:_raise_for_unsupported, 0.32.0).
+_INSPECTION = "failed to be inspected"
+
+
+class Unavailable(Exception):
+    """vLLM is installed here but its parser could not be imported: one line why."""
 
 
 def installed() -> str | None:
@@ -81,20 +93,27 @@ def parser_words(version: str) -> str:
     return f"vLLM {version}'s parser"
 
 
-def reader_for(described: str | None) -> str | None:
-    """The installed vLLM's version where its parser reads the line: one is installed and
-    no other version is described; else None (doctor's own parser, vLLM never imported)."""
+def reader_for(described: str | None, platform_here: bool = True) -> str | None:
+    """The installed vLLM's version where its parser reads the line: one is installed, no
+    other version is described, and it can resolve the platform judged for here
+    (``platform_here``: False for an XPU host judged on a machine without an Intel GPU);
+    else None (doctor's own parser and the recorded facts, vLLM never imported)."""
     local = installed()
-    if local is None or (described is not None and described != local):
+    if local is None or (described is not None and described != local) or not platform_here:
         return None
     return local
 
 
-def own_parser(described: str | None) -> str:
+def own_parser(described: str | None, platform: str | None = None) -> str:
     """How doctor names its own parser where it used it."""
     local = installed()
     if local is None:
         return OWN_PARSER
+    if described in (None, local) and platform is not None:
+        return (
+            f"doctor's own parser (the line is judged for vLLM {local} on {platform}; the "
+            f"vLLM here cannot resolve {platform}: not imported)"
+        )
     return f"doctor's own parser (the line is judged for vLLM {described}; {local} is installed)"
 
 
@@ -268,7 +287,7 @@ def _refused(exc: BaseException) -> bool:
     huggingface_hub's own)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, (OSError, ImportError)):
+        if isinstance(seen, (OSError, ImportError)) or _INSPECTION in str(seen):
             return False
         if type(seen).__module__.startswith("huggingface_hub"):
             return False
@@ -368,12 +387,30 @@ def _fixes(namespace: argparse.Namespace, message: str) -> tuple[Fix, ...]:
     return tuple(found)
 
 
-def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
+def _resolves(platform: str | None) -> str | None:
+    """Why the vLLM here does not answer for ``platform``; None where it does."""
+    if platform is None:
+        return None
+    from vllm.platforms import current_platform
+
+    here = str(current_platform.device_type)
+    return None if here == platform else f"vLLM here resolved its {here} platform, not {platform}"
+
+
+def read(
+    words: Sequence[str], own: Mapping[str, Any], version: str, platform: str | None = None
+) -> Reading:
     """The serve line ``words`` with doctor's ``own`` flags (EngineArgs names), read by
-    the installed vLLM ``version``; ServeLineError where its parser refuses the line."""
+    the installed vLLM ``version`` for ``platform`` (None: whichever it resolves here);
+    ServeLineError where its parser refuses the line, Unavailable where vLLM does not
+    import."""
     serve, _ = serveline.launcher_args(list(words))
     parser = parser_words(version)
     with _vllm_quiet():
+        try:
+            _parser(serve)
+        except Exception as exc:
+            raise Unavailable(f"vLLM {version} here failed to import ({_message(exc)})") from exc
         namespace, unknown = _parse(words)
         _merge(namespace, words, own, _parser(serve)[1])
         flags: list[str] = []
@@ -382,8 +419,9 @@ def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
         except Exception as exc:
             message = _message(exc)
             given = replace(_given(namespace), not_modelled=tuple(flags))
-            if not _refused(exc):
-                not_built = f"not built by vLLM ({message}); the model's own checks"
+            elsewhere = _resolves(platform)
+            if elsewhere is not None or not _refused(exc):
+                not_built = f"not built by vLLM ({elsewhere or message}); the model's own checks"
                 return Reading(given, parser, unknown, not_built, XPU_DEFAULTS)
             refused = replace(given, config_checked=True, refused=(message,))
             said = f"refused by vLLM {version}: {message}"
