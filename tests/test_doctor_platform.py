@@ -151,3 +151,29 @@ def test_two_different_images_are_one_line(models, hosts, capsys):
     assert main([*argv, "--", "vllm", "serve", str(models["qwen3-32b"])]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "give it in one place" in line and "0.26.0-b2" in line
+
+
+ELSEWHERE = "/srv/models/Qwen3-8B"  # a path on the user's machine, not on this one
+
+
+def test_the_fallback_checks_q_against_the_releases_methods(monkeypatch, capsys):
+    """vLLM cannot build the configuration of a model not on this machine; ``-q`` is still
+    checked against the installed release's QuantizationMethods, as before issue 51."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["doctor", "--params", "8B", "--", "vllm", "serve", ELSEWHERE]
+    assert main([*argv, "-q", "no_such_method"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "'no_such_method' is not valid" in line and "awq_marlin" in line
+    report = doctor(line=(ELSEWHERE, "-q", "awq_marlin"))
+    assert report["serve_line"]["configuration"].startswith("not built by vLLM")
+
+
+def test_the_fallback_lists_the_draft_model_of_speculative_decoding(monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    draft = '{"model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 3}'
+    report = doctor(line=(ELSEWHERE, "--speculative-config", draft))
+    assert report["serve_line"]["configuration"].startswith("not built by vLLM")
+    (listed,) = report["not_modelled"]
+    assert listed.startswith("--speculative-config") and "Qwen3-0.6B" in listed

@@ -295,13 +295,29 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, ValueError)
 
 
-def _given(namespace: argparse.Namespace) -> ServeArgs:
-    """The model's arguments as the line gives them, where vLLM built no configuration."""
+def _given(namespace: argparse.Namespace, parser: Any, flags: Sequence[str]) -> ServeArgs:
+    """The model's arguments as the line gives them, where vLLM built no configuration:
+    ``-q`` checked against the release's methods as doctor's own parser checks it, and the
+    not-modelled flags the line sets (``flags``, else read from the namespace where vLLM's
+    engine arguments were not built)."""
     names = {spec.name for spec in fields(ServeArgs)} & set(domain.DOMAIN)
     values = {n: getattr(namespace, n) for n in names if getattr(namespace, n, None) is not None}
     if values.get("max_model_len") == serveline.FITTED:
         values.update(max_model_len=None, max_model_len_fitted=True)
-    return ServeArgs(**values)
+    if "quantization" in values:
+        try:
+            serveline.value_of("quantization", str(values["quantization"]))
+        except ValueError as exc:
+            raise serveline.ServeLineError(f"-q/--quantization {exc}") from None
+    if not flags:
+        flags = domain.flags_set(
+            {
+                name: value
+                for name, value in vars(namespace).items()
+                if value is not None and value != parser.get_default(name)
+            }
+        )
+    return ServeArgs(**values, not_modelled=tuple(flags))
 
 
 def _not_modelled(namespace: argparse.Namespace, engine_args: Any) -> tuple[str, ...]:
@@ -418,7 +434,7 @@ def read(
             config = _build(namespace, flags)
         except Exception as exc:
             message = _message(exc)
-            given = replace(_given(namespace), not_modelled=tuple(flags))
+            given = _given(namespace, _parser(serve)[1], flags)
             elsewhere = _resolves(platform)
             if elsewhere is not None or not _refused(exc):
                 not_built = f"not built by vLLM ({elsewhere or message}); the model's own checks"
