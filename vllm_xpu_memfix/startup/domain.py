@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from vllm_xpu_memfix.startup.codes import DEVICE, HOST
@@ -213,14 +214,23 @@ def _is_default(value: Any, spec: dataclasses.Field[Any]) -> bool:
 def not_modelled(engine_args: Any) -> tuple[str, ...]:
     """The not-modelled fields of ``engine_args`` (vLLM's EngineArgs) set away from their
     dataclass default, as serve flags with their value: ``--pipeline-parallel-size 2``."""
+    return flags_set(
+        {
+            spec.name: value
+            for spec in dataclasses.fields(engine_args)
+            if not _is_default(value := getattr(engine_args, spec.name, None), spec)
+        }
+    )
+
+
+def flags_set(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The not-modelled fields among ``values`` (each set away from its default), as serve
+    flags with their value."""
     found = []
-    for spec in dataclasses.fields(engine_args):
-        if DOMAIN.get(spec.name, MODELLED) in (MODELLED, NO_MEMORY_EFFECT):
+    for name, value in values.items():
+        if DOMAIN.get(name, MODELLED) in (MODELLED, NO_MEMORY_EFFECT):
             continue
-        value = getattr(engine_args, spec.name, None)
-        if _is_default(value, spec):
-            continue
-        flag = flag_of(spec.name)
+        flag = flag_of(name)
         if isinstance(value, bool):
             found.append(flag if value else "--no-" + flag[2:])
         else:

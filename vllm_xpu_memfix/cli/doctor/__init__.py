@@ -40,11 +40,12 @@ from vllm_xpu_memfix.cli.doctor import (
     render,
     sections,
     serveline,
+    target,
     vllmline,
 )
 from vllm_xpu_memfix.core import config, files, redact
 from vllm_xpu_memfix.fixes import driver_env
-from vllm_xpu_memfix.intel import catalog
+from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -103,10 +104,11 @@ def report_for(
     )
 
 
-def _serve_args(args: argparse.Namespace, described: str | None = None) -> vllmline.Reading:
+def _serve_args(args: argparse.Namespace, goal: target.Target | None = None) -> vllmline.Reading:
     """doctor's own flags, then the pasted serve line (read by the installed vLLM's parser
-    unless none is installed or the machine described runs another version: ``described``);
-    a value given in both must agree."""
+    unless none is installed, or it cannot answer for the release and platform judged for:
+    ``goal``); a value given in both must agree."""
+    goal = goal or target.Target(None, None)
     option = getattr(args, "model_option", None)
     if args.model and option and args.model != option:
         raise serveline.ServeLineError(
@@ -126,11 +128,17 @@ def _serve_args(args: argparse.Namespace, described: str | None = None) -> vllml
     line = getattr(args, "serve_line", None)
     if line is None:
         return vllmline.Reading(base, "doctor's own flags")
-    version = vllmline.reader_for(described)
+    here = goal.platform != target.XPU or bool(driver.intel_gpus(config.load().sysroot))
+    version = vllmline.reader_for(goal.vllm, here)
+    own_parser = vllmline.own_parser(goal.vllm, None if here else goal.platform)
     if version is not None:
-        reading = vllmline.read(line, {**own, "model": given["model"]}, version)
-        fixes = tuple(replace(fix, args=replace(fix.args, **doctors)) for fix in reading.fixes)
-        return replace(reading, args=replace(reading.args, **doctors), fixes=fixes)
+        try:
+            reading = vllmline.read(line, {**own, "model": given["model"]}, version, goal.platform)
+        except vllmline.Unavailable as exc:
+            own_parser = f"doctor's own parser ({exc})"
+        else:
+            fixes = tuple(replace(fix, args=replace(fix.args, **doctors)) for fix in reading.fixes)
+            return replace(reading, args=replace(reading.args, **doctors), fixes=fixes)
     parsed, ignored = serveline.read(line, replace(base, model=None))
     fitted = parsed.max_model_len_fitted and given.get("max_model_len") == serveline.FITTED
     for name, value in given.items():
@@ -141,7 +149,7 @@ def _serve_args(args: argparse.Namespace, described: str | None = None) -> vllml
                 f"{name} is {value!r} in doctor's flags but {getattr(parsed, name)!r} in the "
                 "serve line; give it in one place"
             )
-    return vllmline.Reading(parsed, vllmline.own_parser(described), ignored)
+    return vllmline.Reading(parsed, own_parser, ignored)
 
 
 def _one_line(message: str) -> str:
@@ -159,12 +167,15 @@ def _write_host(args: argparse.Namespace, text: str) -> None:
     print(f"doctor: wrote {path}", file=sys.stderr)
 
 
-def _described_vllm(args: argparse.Namespace, machine: hostfile.Described | None) -> str | None:
-    """The vLLM release judged for: ``--image``'s or the host file's image's."""
-    image = getattr(args, "image", None)
-    if image and catalog.image_named(image) is None:
-        raise serveline.ServeLineError(f"--image: {catalog.not_in_table(image)}")
-    return choices.described_vllm_version(image, machine.image if machine else None)
+def _image(args: argparse.Namespace) -> catalog.Image | None:
+    """``--image``'s row; an image not in the table is one line."""
+    name = getattr(args, "image", None)
+    if not name:
+        return None
+    image = catalog.image_named(name)
+    if image is None:
+        raise serveline.ServeLineError(f"--image: {catalog.not_in_table(name)}")
+    return image
 
 
 def main(args: argparse.Namespace) -> int:
@@ -172,15 +183,18 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.host and args.write_host:
             raise hostfile.HostFileError("--write-host writes this machine: drop --host")
-        machine = hostfile.load(args.host) if args.host else None
-        version = _described_vllm(args, machine)
-        with choices.judged_for(version):
-            reading = _serve_args(args, version)
+        flag = _image(args)
+        machine = hostfile.load(args.host, getattr(args, "image", None)) if args.host else None
+        image = machine.image if machine is not None else flag
+        gpus = None if machine is None else sum(kind.count for kind in machine.gpus)
+        goal = target.target(image, gpus)
+        with choices.judged_for(goal.vllm):
+            reading = _serve_args(args, goal)
             serve = reading.args
             if machine is not None:
                 measured = described.measurement(machine, serve)
             else:
-                measured = facts.measure(config.load(), serve, os.environ)
+                measured = facts.measure(config.load(), serve, os.environ, image)
             if args.write_host:
                 _write_host(args, described.write_host(measured))
             line = reading if getattr(args, "serve_line", None) else None

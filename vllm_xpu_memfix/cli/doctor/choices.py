@@ -11,7 +11,7 @@ are those doctor sizes (``memory.checkpoint.TORCH_DTYPES`` and ``auto``), and a
 quantization name is taken unchecked, which the report says.
 
 Where doctor judges for another vLLM than the installed one (an Intel image named by
-``--image`` or the host file's ``[image] name``: :func:`described_vllm_version`), the ``-q``
+``--image`` or the host file's ``[image] name``: ``target.target``), the ``-q``
 methods are that release's as recorded (``vllm_code.releases``); a release not recorded
 leaves the name unchecked, said in the report, never refused.
 """
@@ -23,7 +23,6 @@ import functools
 from collections.abc import Iterator
 
 from vllm_xpu_memfix.cli import compat
-from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.memory.checkpoint import TORCH_DTYPES
 from vllm_xpu_memfix.startup import domain
 from vllm_xpu_memfix.startup.sizing import ON_THE_FLY_QUANT
@@ -41,14 +40,6 @@ def _vllm_literal(module: str, name: str) -> tuple[str, ...] | None:
 
 # The vLLM release doctor judges for, where another than the installed one (judged_for).
 _DESCRIBED: list[str] = []
-
-
-def described_vllm_version(image: str | None, host_image: catalog.Image | None) -> str | None:
-    """The vLLM release the start-up will run under where doctor is told: ``--image``'s,
-    else the host file's image's; None where neither names one (the installed vLLM's)."""
-    if image:
-        return catalog.image_vllm_version(image)
-    return None if host_image is None else catalog.IMAGE_VLLM[host_image.tag]
 
 
 def other_vllm() -> str | None:

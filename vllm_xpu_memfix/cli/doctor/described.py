@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vllm_xpu_memfix.cli.doctor import facts, hostfile
+from vllm_xpu_memfix.cli.doctor import facts, hostfile, target
 from vllm_xpu_memfix.core import config, numbers
 from vllm_xpu_memfix.core.numbers import Bounds
 from vllm_xpu_memfix.core.units import GiB
@@ -67,21 +67,6 @@ def _guard(
     return driver_env.decide_for(settings, env, lambda: host)
 
 
-def _legacy(described: hostfile.Described) -> tuple[bool, str]:
-    offload = described.env.get(facts.OFFLOAD) == "1"
-    image = described.image
-    if not offload:
-        return False, f"{facts.OFFLOAD} unset: one layer in flight"
-    if image is None:
-        return True, (
-            f"{facts.OFFLOAD}=1 and no known image: taken as the legacy load (the whole "
-            "16-bit shard on the host)"
-        )
-    if image.load != "legacy":
-        return False, f"{facts.OFFLOAD}=1 is stale: image {image.tag}'s sym_int4 never reads it"
-    return True, f"{facts.OFFLOAD}=1: image {image.tag}'s sym_int4 holds the whole 16-bit shard"
-
-
 def measurement(described: hostfile.Described, args: ServeArgs) -> facts.Measurement:
     """The facts of the described machine, as ``facts.measure`` gives this one's."""
     env = described.env
@@ -106,17 +91,16 @@ def measurement(described: hostfile.Described, args: ServeArgs) -> facts.Measure
         cgroup_current=described.cgroup_used if limit else None,
         cgroup_max=limit,
     )
-    legacy = _legacy(described)
+    legacy = target.legacy(env, described.image)
     ckpt, label = facts.read_model(args)
     slots = host.load_slots(settings, args, legacy[0], room, ckpt) if described.plugin else None
     image = described.image
-    layouts = described.int4_layouts or (2 if image and image.duplicate_layout else 1)
-    layouts_from = (
-        "[image] sym_int4_layouts"
+    layouts, layouts_from = (
+        (described.int4_layouts, "[image] sym_int4_layouts")
         if described.int4_layouts
-        else f"image {image.tag}: {image.int4_layout}"
+        else target.layouts(image)
         if image
-        else "assumed one layout (no image given)"
+        else (1, "assumed one layout (no image given)")
     )
     return facts.Measurement(
         snap=snap,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_xpu_memfix.cli import compat
+from vllm_xpu_memfix.cli.doctor import target
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, driver
@@ -177,8 +178,15 @@ def _not_at_hand(args: ServeArgs, why: str) -> Checkpoint:
     )
 
 
-def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> Measurement:
-    """Read every file doctor needs; nothing is loaded or started."""
+def measure(
+    settings: Settings,
+    args: ServeArgs,
+    environ: Mapping[str, str],
+    image: catalog.Image | None = None,
+) -> Measurement:
+    """Read every file doctor needs; nothing is loaded or started. ``image``: the image
+    this machine will serve from (``--image``), applied as a host file's (``target``)."""
+    environ = target.environment(image, environ)
     read = host.read(settings.sysroot, environ)
     guard = driver_env.decide(settings, environ)
     device_bytes, device_source = host.device_bytes(
@@ -186,14 +194,17 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
     )
     root = compat.installed_vllm_root()
     sym_int4 = compat.module_source(root, host.SYM_INT4) if root is not None else None
-    legacy = host.legacy_load(environ, sym_int4)
-    layouts = host.int4_layouts(args.quantization, sym_int4)
+    if image is None:
+        legacy = host.legacy_load(environ, sym_int4)
+        layouts = host.int4_layouts(args.quantization, sym_int4)
+    else:
+        legacy, layouts = target.legacy(environ, image), target.layouts(image)
     ckpt, model_label = read_model(args)
     return Measurement(
         snap=read.snap,
         gpus=read.gpus,
         visible=read.visible,
-        runtime=read.runtime,
+        runtime=target.runtime(image, read.runtime)[0],
         level_zero_loader=driver.level_zero_loader(settings.sysroot),
         guard=guard,
         device_bytes=device_bytes,
@@ -209,4 +220,5 @@ def measure(settings: Settings, args: ServeArgs, environ: Mapping[str, str]) -> 
         settings=settings,
         int4_layouts=layouts[0],
         int4_layouts_from=layouts[1],
+        image=image,
     )

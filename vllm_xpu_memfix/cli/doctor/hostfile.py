@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.cli.doctor import target
 from vllm_xpu_memfix.core import bounded, files
 from vllm_xpu_memfix.core.numbers import Bounds, shown
 from vllm_xpu_memfix.core.units import GiB, size
@@ -109,8 +110,9 @@ class _Reader:
         return value.strip()
 
 
-def load(path: str | Path) -> Described:
-    """Read and check the host file at ``path``."""
+def load(path: str | Path, image: str | None = None) -> Described:
+    """Read and check the host file at ``path``; ``image``: ``--image``'s name, the same
+    input as the file's ``[image] name`` (``target.image_of``)."""
     name = str(path)
     problem = files.input_problem(Path(path), HOST_FILE_CAP)
     if problem is not None:
@@ -133,7 +135,7 @@ def load(path: str | Path) -> Described:
     except (RecursionError, ValueError):
         # tomllib recurses once per nesting level and converts digits of any length.
         raise HostFileError(f"{name}: nested or numbered beyond a host file") from None
-    return parse(data, name)
+    return parse(data, name, image)
 
 
 def _check_keys(reader: _Reader, data: dict[str, Any]) -> None:
@@ -287,8 +289,9 @@ def _runtime(reader: _Reader, table: dict[str, Any]) -> driver.Runtime | None:
     return runtime
 
 
-def parse(data: dict[str, Any], path: str) -> Described:
-    """Check the parsed TOML of a host file and take what it says."""
+def parse(data: dict[str, Any], path: str, image_flag: str | None = None) -> Described:
+    """Check the parsed TOML of a host file and take what it says (``image_flag``: as
+    :func:`load`'s ``image``)."""
     reader = _Reader(path)
     _check_keys(reader, data)
     assumed: list[str] = []
@@ -301,39 +304,35 @@ def parse(data: dict[str, Any], path: str) -> Described:
     if sum(g.count for g in gpus) > MAX_GPUS:
         raise reader.error("[[gpu]] count", f"more than {MAX_GPUS} GPUs in all")
     image_table = data.get("image", {})
-    image = None
-    if "name" in image_table:
-        image_name = reader.text("[image] name", image_table["name"])
-        image = catalog.image_named(image_name)
-        if image is None:
-            assumed.append(
-                f"{catalog.not_in_table(image_name)}: its sym_int4, variables and "
-                "compute-runtime are unknown"
-            )
+    named = reader.text("[image] name", image_table["name"]) if "name" in image_table else None
+    try:
+        image_name = target.image_of(image_flag, named)
+    except target.ImageError as exc:
+        raise reader.error("[image] name", str(exc)) from None
+    image = None if image_name is None else catalog.image_named(image_name)
+    if image_name is not None and image is None:
+        assumed.append(
+            f"{catalog.not_in_table(image_name)}: its sym_int4, variables and "
+            "compute-runtime are unknown"
+        )
     layouts = None
     if "sym_int4_layouts" in image_table:
         layouts = int(
             reader.number("[image] sym_int4_layouts", image_table["sym_int4_layouts"], Bounds(1, 2))
         )
-    runtime = _runtime(reader, data.get("driver", {}))
-    if runtime is None and image is not None and image.compute_runtime:
-        runtime = driver.runtime_from_version(
-            image.compute_runtime, f"image {image.tag} ({image.compute_runtime_source})"
-        )
-        if image.compute_runtime_inferred:
-            assumed.append(
-                f"compute-runtime {image.compute_runtime} for image {image.tag}: inferred, "
-                "not read from the image ([driver] compute_runtime wins)"
-            )
+    runtime, inferred = target.runtime(image, _runtime(reader, data.get("driver", {})))
+    if inferred:
+        assumed.append(inferred)
     if runtime is None:
         assumed.append("compute-runtime not given: the host copy is taken as possible")
-    env = dict(image.env) if image else {}
+    env: dict[str, str] = {}
     for key, value in data.get("env", {}).items():
         if not VARIABLE_NAME.fullmatch(key):
             raise reader.error(f"[env] {shown(key)}", "is not a variable name")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise reader.error(f"[env] {key}", f"{shown(str(value))}: accepted: a string")
         env[key] = str(value)
+    env = target.environment(image, env)
     plugin_table = data.get("plugin", {})
     installed = plugin_table.get("installed", False)
     if not isinstance(installed, bool):

@@ -11,8 +11,12 @@ vLLM's own parser (``make_arg_parser`` of vllm/entrypoints/launchers/cli_args.py
   configuration is vLLM refusing: its own message, one line, goes to the model as a
   refusal; where the message names the flags, each nearest change is built again and kept
   as a remedy only where vLLM accepts it.
-- Anything else (no config.json reachable, offline Hub, an import error) is "not built":
-  the line's values as given, the model's own checks, and the reason said.
+- Anything else (no config.json reachable, offline Hub, an import error, an inspection that
+  failed in vLLM's subprocess for a package missing here) is "not built": the line's values
+  as given, the model's own checks, and the reason said. A refusal counts as vLLM's only
+  where the vLLM here is the release judged for and resolved the platform judged for
+  (:func:`reader_for`, :func:`read`'s ``platform``); vLLM that fails to import here is
+  :class:`Unavailable`, and doctor's own parser reads the line.
 - The test bed's vLLM resolves its CPU platform; the fields that platform sets
   (vllm/platforms/cpu.py ``check_and_update_config``: the KV cache from
   ``VLLM_CPU_KVCACHE_SPACE``, the ``mp`` executor; vllm/engine/arg_utils.py
@@ -67,6 +71,14 @@ _HEADS = re.compile(
 # (vllm/transformers_utils/config.py, 0.32.0).
 _REMOTE_CODE = re.compile(r"custom code which must be executed|trust_remote_code=True")
 REMOTE_CODE = "not built: doctor does not run the checkpoint's code"
+# vLLM's registry when the model class's inspection failed in its subprocess (an import of
+# an optional package such as torchvision): a failure here, not a refusal
+# (vllm/model_executor/models/registry.py:_raise_for_unsupported, 0.32.0).
+_INSPECTION = "failed to be inspected"
+
+
+class Unavailable(Exception):
+    """vLLM is installed here but its parser could not be imported: one line why."""
 
 
 def installed() -> str | None:
@@ -86,20 +98,27 @@ def parser_words(version: str) -> str:
     return f"vLLM {version}'s parser"
 
 
-def reader_for(described: str | None) -> str | None:
-    """The installed vLLM's version where its parser reads the line: one is installed and
-    no other version is described; else None (doctor's own parser, vLLM never imported)."""
+def reader_for(described: str | None, platform_here: bool = True) -> str | None:
+    """The installed vLLM's version where its parser reads the line: one is installed, no
+    other version is described, and it can resolve the platform judged for here
+    (``platform_here``: False for an XPU host judged on a machine without an Intel GPU);
+    else None (doctor's own parser and the recorded facts, vLLM never imported)."""
     local = installed()
-    if local is None or (described is not None and described != local):
+    if local is None or (described is not None and described != local) or not platform_here:
         return None
     return local
 
 
-def own_parser(described: str | None) -> str:
+def own_parser(described: str | None, platform: str | None = None) -> str:
     """How doctor names its own parser where it used it."""
     local = installed()
     if local is None:
         return OWN_PARSER
+    if described in (None, local) and platform is not None:
+        return (
+            f"doctor's own parser (the line is judged for vLLM {local} on {platform}; the "
+            f"vLLM here cannot resolve {platform}: not imported)"
+        )
     return f"doctor's own parser (the line is judged for vLLM {described}; {local} is installed)"
 
 
@@ -285,7 +304,7 @@ def _refused(exc: BaseException) -> bool:
     huggingface_hub's own)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, (OSError, ImportError)):
+        if isinstance(seen, (OSError, ImportError)) or _INSPECTION in str(seen):
             return False
         if type(seen).__module__.startswith("huggingface_hub"):
             return False
@@ -317,15 +336,31 @@ def _out_of_bounds(namespace: argparse.Namespace) -> dict[str, str]:
     return found
 
 
-def _given(namespace: argparse.Namespace) -> ServeArgs:
-    """The model's arguments as the line gives them, where vLLM built no configuration;
-    a value out of doctor's bounds (which vLLM refused) is left to the model's default."""
+def _given(namespace: argparse.Namespace, parser: Any, flags: Sequence[str]) -> ServeArgs:
+    """The model's arguments as the line gives them, where vLLM built no configuration:
+    ``-q`` checked against the release's methods as doctor's own parser checks it, and the
+    not-modelled flags the line sets (``flags``, else read from the namespace where vLLM's
+    engine arguments were not built); a value out of doctor's bounds (which vLLM refused)
+    is left to the model's default."""
     names = {spec.name for spec in fields(ServeArgs)} & set(domain.DOMAIN)
     names -= set(_out_of_bounds(namespace))
     values = {n: getattr(namespace, n) for n in names if getattr(namespace, n, None) is not None}
     if values.get("max_model_len") == serveline.FITTED:
         values.update(max_model_len=None, max_model_len_fitted=True)
-    return ServeArgs(**values)
+    if "quantization" in values:
+        try:
+            serveline.value_of("quantization", str(values["quantization"]))
+        except ValueError as exc:
+            raise serveline.ServeLineError(f"-q/--quantization {exc}") from None
+    if not flags:
+        flags = domain.flags_set(
+            {
+                name: value
+                for name, value in vars(namespace).items()
+                if value is not None and value != parser.get_default(name)
+            }
+        )
+    return ServeArgs(**values, not_modelled=tuple(flags))
 
 
 def _not_modelled(namespace: argparse.Namespace, engine_args: Any) -> tuple[str, ...]:
@@ -413,12 +448,30 @@ def _fixes(namespace: argparse.Namespace, message: str) -> tuple[Fix, ...]:
     return tuple(found)
 
 
-def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
+def _resolves(platform: str | None) -> str | None:
+    """Why the vLLM here does not answer for ``platform``; None where it does."""
+    if platform is None:
+        return None
+    from vllm.platforms import current_platform
+
+    here = str(current_platform.device_type)
+    return None if here == platform else f"vLLM here resolved its {here} platform, not {platform}"
+
+
+def read(
+    words: Sequence[str], own: Mapping[str, Any], version: str, platform: str | None = None
+) -> Reading:
     """The serve line ``words`` with doctor's ``own`` flags (EngineArgs names), read by
-    the installed vLLM ``version``; ServeLineError where its parser refuses the line."""
+    the installed vLLM ``version`` for ``platform`` (None: whichever it resolves here);
+    ServeLineError where its parser refuses the line, Unavailable where vLLM does not
+    import."""
     serve, _ = serveline.launcher_args(list(words))
     parser = parser_words(version)
     with _vllm_quiet():
+        try:
+            _parser(serve)
+        except Exception as exc:
+            raise Unavailable(f"vLLM {version} here failed to import ({_message(exc)})") from exc
         namespace, unknown = _parse(words)
         _merge(namespace, words, own, _parser(serve)[1])
         flags: list[str] = []
@@ -426,13 +479,14 @@ def read(words: Sequence[str], own: Mapping[str, Any], version: str) -> Reading:
             config = _build(namespace, flags)
         except Exception as exc:
             message = _message(exc)
-            given = replace(_given(namespace), not_modelled=tuple(flags))
+            given = _given(namespace, _parser(serve)[1], flags)
             if _needs_code(exc):
                 return Reading(given, parser, unknown, REMOTE_CODE, XPU_DEFAULTS)
-            if not _refused(exc):
+            elsewhere = _resolves(platform)
+            if elsewhere is not None or not _refused(exc):
                 for why in _out_of_bounds(namespace).values():
                     raise serveline.ServeLineError(why) from None
-                not_built = f"not built by vLLM ({message}); the model's own checks"
+                not_built = f"not built by vLLM ({elsewhere or message}); the model's own checks"
                 return Reading(given, parser, unknown, not_built, XPU_DEFAULTS)
             refused = replace(given, config_checked=True, refused=(message,))
             said = f"refused by vLLM {version}: {message}"
