@@ -225,3 +225,26 @@ def test_the_fixes_and_the_model_take_their_figures_from_startup():
         assert call in (PACKAGE / module).read_text(), module
     assert "1.5" not in (PACKAGE / "fixes/load_lock.py").read_text()
     assert "256 * MiB" not in (PACKAGE / "startup/phases.py").read_text()
+
+
+@pytest.mark.parametrize(
+    ("params", "verdict"),
+    [(8e9, codes.FITS), (27e9, codes.AT_RISK), (80e9, codes.RUNS_OUT)],
+)
+def test_with_params_and_no_format_only_the_smallest_format_running_out_runs_out(params, verdict):
+    """Issue 57, class 1: a bare --params (no config.json, no headers) says nothing of the
+    format. On one B70, 8B fits even at 16 bits; 27B fits at 8 bits and runs out at 16, so
+    it is at risk naming where it flips and what settles it; 80B runs out even at 4 bits.
+    -q narrows the range: 27B with -q fp8 is certain."""
+    ckpt = checkpoint_from_params(int(params))
+    args = sizing.ServeArgs(model="Qwen/Qwen3.6-27B-FP8")  # a name never narrows it
+    out = phases.run(sizing.inputs_for(machine(1, B70), args, ckpt))
+    assert out.verdict == verdict
+    if verdict == codes.AT_RISK:
+        assert "fits if the weights are at most 8-bit; runs out at 16-bit" in out.why
+        assert "pass --quantization, or go online" in out.why
+    if verdict == codes.RUNS_OUT:
+        assert "even with the weights at 4-bit" in out.why
+    given = replace(args, quantization="fp8")
+    per_weight = sizing.inputs_for(machine(1, B70), given, ckpt).linear_bytes_per_weight
+    assert per_weight.certain and per_weight.low == 1.0

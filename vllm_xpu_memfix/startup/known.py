@@ -66,11 +66,6 @@ class Known:
             return replace(self, low=self.low + other.low, high=self.high + other.high)
         return replace(self, low=self.low + other, high=self.high + other)
 
-    def text(self, unit: str = "") -> str:
-        """``"2 B (read: checkpoint headers)"`` or ``"0.56 to 2 B (assumed: ...)"``."""
-        value = f"{self.low:g}" if self.certain else f"{self.low:g} to {self.high:g}"
-        return f"{value}{' ' + unit if unit else ''} ({self.source.value}: {self.origin})"
-
 
 def exact(value: float, origin: str, source: Source = Source.READ) -> Known:
     """Shorthand for the common case: a value read (or ``source``) at ``origin``."""

@@ -25,13 +25,14 @@ cannot take it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vllm_xpu_memfix.core.units import GiB, MiB, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
-from vllm_xpu_memfix.startup import codes, limits, reserve, staging
+from vllm_xpu_memfix.startup import codes, formats, limits, reserve, staging
 from vllm_xpu_memfix.startup.known import Known, Source, exact
 from vllm_xpu_memfix.startup.kv_layout import KvLayout
 
@@ -499,26 +500,31 @@ def _judge(inp: Inputs) -> Outcome:
     return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side))
 
 
-# The inputs that can be ranges, and how a verdict names a value of each.
-RANGED = {
-    "linear_bytes_per_weight": lambda v: f"the weights are {_bits(v)} or smaller",
-    "activation_bytes": lambda v: f"the activations are at most {size(v)}",
+# The inputs that can be ranges: how a verdict names each and writes its values.
+RANGED: dict[str, tuple[str, Callable[[float], str]]] = {
+    "linear_bytes_per_weight": ("the weights", lambda v: _bits(v)),
+    "activation_bytes": ("the activations", lambda v: size(v)),
 }
 FAILED = (codes.RUNS_OUT, codes.WILL_FAIL)
+# Weight widths named in a verdict, narrowest first: bytes per weight at each.
+WIDTHS = ((4, formats.NARROWEST), (8, 1.0), (16, 2.0))
 
 
 def ranged(inp: Inputs) -> list[str]:
     """Each input that is a range, with where it came from and what would settle it."""
-    spans = [(f, getattr(inp, f)) for f in RANGED]
-    return [
-        f"{f.replace('_', ' ')} {k.text()}{'; ' + k.settle if k.settle else ''}"
-        for f, k in spans
-        if not k.certain
-    ]
+    lines = []
+    for field, (label, value) in RANGED.items():
+        k = getattr(inp, field)
+        if not k.certain:
+            where = f"{k.source.value}: {k.origin}" + (f"; {k.settle}" if k.settle else "")
+            lines.append(f"{label} {value(k.low)} to {value(k.high)} ({where})")
+    return lines
 
 
 def _bits(per_weight: float) -> str:
-    return f"{round(per_weight * 8)}-bit"
+    """The widest of the usual widths within ``per_weight`` bytes (else its own bits)."""
+    within = [bits for bits, width in WIDTHS if width <= per_weight * (1 + 1e-9)]
+    return f"{within[-1] if within else round(per_weight * 8)}-bit"
 
 
 def corner(inp: Inputs, high: bool, **pinned: float) -> Inputs:
@@ -533,7 +539,7 @@ def corner(inp: Inputs, high: bool, **pinned: float) -> Inputs:
 def _flips(inp: Inputs, field: str) -> str:
     """Where ``field`` decides (the rest at their best, it fails at its high end): the
     largest value at which the start-up still passes, by bisection, and what settles it."""
-    span = getattr(inp, field)
+    span, (label, value) = getattr(inp, field), RANGED[field]
     if _judge(corner(inp, False, **{field: span.high})).verdict not in FAILED:
         return ""
     low, high = span.low, span.high
@@ -542,7 +548,10 @@ def _flips(inp: Inputs, field: str) -> str:
         passes = _judge(corner(inp, False, **{field: mid})).verdict not in FAILED
         low, high = (mid, high) if passes else (low, mid)
     settle = f": {span.settle}" if span.settle else ""
-    return f"fits if {RANGED[field](low)}; {span.origin}{settle}"
+    return (
+        f"fits if {label} are at most {value(low)}; runs out at {value(span.high)}; "
+        f"{span.origin}{settle}"
+    )
 
 
 def run(inp: Inputs) -> Outcome:
@@ -551,11 +560,17 @@ def run(inp: Inputs) -> Outcome:
     naming each input that decides and the value at which the verdict flips. A side with
     nothing to judge it against (no room, no device memory) is "not judged", never "fits"."""
     out = best = _judge(corner(inp, False))
-    if best.verdict not in FAILED:
+    open_ = [(f, *RANGED[f]) for f in RANGED if not getattr(inp, f).certain]
+    if best.verdict == codes.WILL_FAIL:
+        pass  # not a matter of memory: no range can change it
+    elif best.verdict == codes.RUNS_OUT and open_:
+        lows = ", ".join(f"{label} at {value(getattr(inp, f).low)}" for f, label, value in open_)
+        out = replace(best, why=f"{best.why}, even with {lows}")
+    elif open_:
         out = worst = _judge(corner(inp, True))
         if worst.verdict in FAILED:
-            deciding = [text for f in RANGED if (text := _flips(inp, f))]
-            why = "; ".join([worst.why, *deciding])
+            deciding = [text for f, *_ in open_ if (text := _flips(inp, f))]
+            why = "; ".join([f"at worst {worst.why}", *deciding])
             out = replace(worst, verdict=codes.AT_RISK, fails_at=None, why=why)
     missing = (codes.HOST,) * (inp.room is None) + (codes.DEVICE,) * (inp.device_bytes is None)
     verdict = codes.NOT_JUDGED if missing and out.verdict == codes.FITS else out.verdict

@@ -227,7 +227,10 @@ def _bytes_per_weight(
         return exact(fmt.bytes_per_weight, f"{fmt.method} ({fmt.source})", source)
     low, high = formats.widths(fmt.method)
     if not fmt.method:
-        what, settle = "the format is not read (sized from --params)", "pass -q, or go online"
+        what, settle = (
+            "the format is not read (sized from --params)",
+            "pass --quantization, or go online",
+        )
     else:
         what, settle = f"{fmt.method}'s width is not read", "go online, or give its directory"
     return Known.between(low, min(high, flag or high), Source.ASSUMED, what, settle)
