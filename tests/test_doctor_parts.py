@@ -141,12 +141,13 @@ def test_remedies_put_the_guard_first_and_find_the_utilisation_that_fits():
 
 
 def test_an_unreadable_room_leaves_the_host_unjudged_and_says_so():
-    """Unknown is unknown (issue 46): the host side is not judged, never taken as no room."""
+    """Unknown is unknown (issues 46, 57): the host side is not judged, never taken as no
+    room, and the verdict is "not judged", never "fits"."""
     measured = replace(
         four_b70(guard_applies=True), room=Room(None, CgroupMemory(problem="denied"))
     )
     out = outcome_for(measured, TP4)
-    assert out.verdict == "fits" and not out.host_judged
+    assert out.verdict == "not judged" and not out.host_judged and out.device_judged
     assert advice.notes_for(measured, out, TP4) == [
         "the host's room could not be read (cgroup unreadable (denied)): not judged"
     ]

@@ -206,9 +206,11 @@ def test_auto_never_refuses_and_logs_one_warning(b70_27b, monkeypatch, records, 
 def test_without_intel_gpus_the_line_says_the_device_is_not_judged(
     tiny_model, monkeypatch, records, clean_env
 ):
+    """Issue 57, class 2: a device with no memory figure is "NOT JUDGED", never "FITS"."""
     engine_config(tiny_model, {}, monkeypatch)
     (line,) = [line for line in records.lines(logging.INFO) if line.startswith(LINE)]
-    assert "FITS" in line and "no Intel GPU visible" in line and "device not judged" in line
+    assert line.startswith(f"{LINE} NOT JUDGED") and "FITS" not in line
+    assert "no Intel GPU visible" in line and "device not judged" in line
 
 
 def test_off_judges_and_logs_nothing(b70_27b, monkeypatch, records, clean_env):

@@ -20,6 +20,7 @@ from test_startup import B60, B70, GiB, machine, two_layouts_on_one_b60
 from vllm_xpu_memfix.cli.doctor import serveline
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError, read_checkpoint
 from vllm_xpu_memfix.startup import codes, formats, phases, remedies, resizing, sizing
+from vllm_xpu_memfix.startup.known import Source
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 # Parameters of each checkpoint, from its model card.
@@ -74,7 +75,8 @@ def test_a_native_mxfp4_checkpoint_is_sized_at_its_bits_and_never_offered_quanti
 )
 def test_bytes_per_weight_come_from_the_quantization_config(tmp_path, name, per_weight):
     out = judge(tmp_path, machine(2, B70), name, "-tp", "2")
-    assert out.inputs.linear_bytes_per_weight == pytest.approx(per_weight)
+    assert out.inputs.linear_bytes_per_weight.certain
+    assert out.inputs.linear_bytes_per_weight.low == pytest.approx(per_weight)
     assert out.inputs.prequantized == (per_weight < 2)
 
 
@@ -94,9 +96,12 @@ def test_every_method_of_vllms_quantization_registry_is_sized_or_said_unknown():
     assert set(registry.QUANTIZATION_METHODS) >= formats.XPU_SUPPORTED
 
 
-def test_an_unknown_method_leaves_the_device_unjudged(tmp_path):
+def test_an_unknown_method_is_sized_from_4_bit_to_16_bit(tmp_path):
     """A method the table cannot size (compressed-tensors without its config_groups, which
-    XPU serves) is never sized as 16-bit: no device verdict."""
+    XPU serves) is neither sized as 16-bit nor left out: its weights are a range from the
+    narrowest format vLLM loads to 16-bit. 32B runs out on 8 GiB even at 4 bits; on a 32 GiB
+    B70 it fits at 4 bits and runs out at 16, so it is at risk, naming where it flips (the
+    issue-57 case of a 35B GPTQ MoE told "fits" with its weights unsized)."""
     directory = tmp_path / "unsized-model"
     directory.mkdir()
     config = json.loads((CONFIGS / "qwen3-32b.json").read_text())
@@ -105,8 +110,15 @@ def test_an_unknown_method_leaves_the_device_unjudged(tmp_path):
     ckpt = read_checkpoint(directory, int(PARAMS["qwen3-32b"]))
     args = sizing.ServeArgs(model=str(directory))
     out = phases.run(sizing.inputs_for(machine(1, 8 * GiB), args, ckpt))
-    assert not out.device_judged and out.verdict == codes.FITS
+    assert out.verdict == codes.RUNS_OUT and out.fails_at == {"phase": "load", "where": "device"}
     assert out.inputs.prequantized and codes.QUANTIZE not in helping(out)
+    per_weight = out.inputs.linear_bytes_per_weight
+    assert (per_weight.low, per_weight.high) == (formats.NARROWEST, 2.0)
+    assert per_weight.source is Source.ASSUMED
+    b70 = phases.run(sizing.inputs_for(machine(1, B70), args, ckpt))
+    assert b70.verdict == codes.AT_RISK and b70.device_judged
+    assert "fits if the weights are at most 4-bit; runs out at 16-bit" in b70.why
+    assert "compressed-tensors's width is not read" in b70.why
 
 
 def test_a_method_xpu_does_not_serve_is_vllms_refusal(tmp_path):
@@ -449,7 +461,8 @@ def test_a_junk_quantization_config_is_judged_without_a_crash(tmp_path, quant):
     out = phases.run(sizing.inputs_for(machine(1, B70), sizing.ServeArgs(str(directory)), ckpt))
     assert out.verdict in codes.VERDICTS
     inputs = out.inputs
-    sized_16bit = inputs.weights_known and inputs.linear_bytes_per_weight == 2.0
+    per_weight = inputs.linear_bytes_per_weight
+    sized_16bit = per_weight.certain and per_weight.low == 2.0
     assert not (inputs.prequantized and sized_16bit), "a quantized checkpoint is never 16-bit"
 
 

@@ -21,10 +21,11 @@ from vllm_xpu_memfix.intel import driver_facts as dfacts
 # --- verdicts, worst last --------------------------------------------------------------
 
 FITS = "fits"
+NOT_JUDGED = "not judged"  # nothing failed, and a side had nothing to be judged against
 AT_RISK = "at risk"
 RUNS_OUT = "will run out of memory"
 WILL_FAIL = "will fail"
-VERDICTS = (FITS, AT_RISK, RUNS_OUT, WILL_FAIL)
+VERDICTS = (FITS, NOT_JUDGED, AT_RISK, RUNS_OUT, WILL_FAIL)
 
 # --- phases of a start-up, in order ----------------------------------------------------
 

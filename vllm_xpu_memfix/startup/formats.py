@@ -99,6 +99,10 @@ def _grouped(bits: int, group: int | None) -> float:
     return bits / 8 + per_group
 
 
+NARROWEST = _grouped(4, 128)
+GPTQ_WIDTHS = (NARROWEST, _grouped(8, 128))
+
+
 def _compressed_tensors(config: dict[str, Any]) -> float | None:
     """The widest weight scheme of ``config_groups`` (num_bits, group_size)."""
     groups = config.get("config_groups")
@@ -133,6 +137,12 @@ def _bitsandbytes(config: dict[str, Any]) -> float:
     return 0.5 + 4 / 64  # 4-bit NF4/FP4 with an fp32 absmax per block of 64
 
 
+# The narrowest weights vLLM loads for a line whose format is not known (4-bit, grouped at
+# 128: AWQ/GPTQ/int4) and the widest (16-bit). GPTQ's widths are 4 and 8 bits
+# (vllm/model_executor/layers/quantization/auto_gptq.py, 0.32.0: TYPE_MAP).
+WIDEST = 2.0
+
+
 def prequantized_bytes(method: str, config: dict[str, Any]) -> float | None:
     """Device bytes per linear weight element of a checkpoint quantized with ``method``,
     from its ``quantization_config``; None where the table cannot size it."""
@@ -154,6 +164,17 @@ def prequantized_bytes(method: str, config: dict[str, Any]) -> float | None:
     if method == "bitsandbytes":
         return _bitsandbytes(config)
     return None
+
+
+def widths(method: str) -> tuple[float, float]:
+    """The bytes per weight a checkpoint of ``method`` can have where its config was not
+    read: GPTQ's 4 or 8 bits, AWQ's 4 (auto_awq.py TYPE_MAP, 0.32.0), in groups of 32 to
+    128; any other method from 4-bit to 16-bit."""
+    if method in ("gptq", "auto_gptq", "gptq_marlin"):
+        return _grouped(4, 128), _grouped(8, 32)
+    if method in _INT_GROUPED:
+        return _grouped(4, 128), _grouped(4, 32)
+    return NARROWEST, WIDEST
 
 
 def from_config(config: dict[str, Any] | None) -> Format | None:

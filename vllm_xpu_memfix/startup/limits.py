@@ -29,7 +29,7 @@ def kv_tokens(inp: phases.Inputs) -> int | None:
     """The longest sequence one rank's KV cache holds, at most the judged context (or the
     model's own), as vLLM sizes one sequence (``kv_layout.KvLayout.tokens_within``)."""
     kv, layout = inp.kv_cache, inp.kv_layout
-    if kv is None or layout is None or not layout.allocates or not inp.weights_known:
+    if kv is None or layout is None or not layout.allocates:
         return None
     limit = inp.max_model_len or inp.model_max_len or 2**31 - 1
     return layout.tokens_within(max(kv, 0.0), inp.tp, inp.kv_element_bytes, limit)

@@ -25,13 +25,15 @@ cannot take it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from vllm_xpu_memfix.core.units import GiB, MiB, size
 from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
-from vllm_xpu_memfix.startup import codes, limits, reserve, staging
+from vllm_xpu_memfix.startup import codes, formats, limits, reserve, staging
+from vllm_xpu_memfix.startup.known import Known, Source, exact
 from vllm_xpu_memfix.startup.kv_layout import KvLayout
 
 # Host RAM of the vLLM processes themselves, per rank: vllm #50269's maintainers
@@ -44,11 +46,16 @@ DEVICE_AT_RISK_SHARE = 0.98  # device: less than 2 % left is at risk
 # figure misses them (vLLM PRs #49482, #53990; ROOT-CAUSES cause 7). An assumption: the
 # unknown kv_headroom's slack is kept for, taken at twice that slack's default.
 WARMUP_OUTSIDE_TORCH = 2 * reserve.DEFAULT_SLACK
+# What an Inputs built by hand (not by ``sizing``) holds where it names nothing.
+SIXTEEN_BIT = exact(2.0, "16-bit weights", Source.GIVEN)
+NO_FORWARD = exact(0.0, "no forward pass", Source.GIVEN)
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything the model reads. Bytes unless named otherwise; None is unknown."""
+    """Everything the model reads. Bytes unless named otherwise; None is unknown; a
+    :class:`Known` is a range with its provenance. The properties are the worst case (each
+    range's high end); :func:`run` judges both ends (:func:`corner`)."""
 
     tp: int
     utilization: float
@@ -62,8 +69,7 @@ class Inputs:
     expert_share: float = 0.0  # the experts' share of the weights
     other_weight_bytes: float = 0.0  # on the device, all ranks together
     linear_params: float = 0.0
-    linear_bytes_per_weight: float = 2.0  # on the device
-    weights_known: bool = True  # False: a format the model cannot size (device not judged)
+    linear_bytes_per_weight: Known = SIXTEEN_BIT  # on the device
     prequantized: bool = False
     cpu_offload_bytes: float = 0.0  # per rank, --cpu-offload-gb
     int4_layouts: int = 0  # 0: not sym_int4; 1 or 2 device layouts per weight
@@ -74,7 +80,7 @@ class Inputs:
     load_mode_why: str = ""
     staging_slots: int | None = None
     kv_cache_bytes: float | None = None  # --kv-cache-memory-bytes
-    activation_bytes: float = 0.0  # per rank, the profile run's forward pass
+    activation_bytes: Known = NO_FORWARD  # per rank, the profile run's forward pass
     burst: BurstEstimate | None = None
     kv_headroom: bool = False
     kv_headroom_slack: float = reserve.DEFAULT_SLACK
@@ -107,7 +113,7 @@ class Inputs:
     @property
     def loaded(self) -> float:
         """Per rank, the weights of the largest stage before any CPU offload."""
-        linear = self.linear_params * self.linear_bytes_per_weight
+        linear = self.linear_params * self.linear_bytes_per_weight.high
         experts = 1 - self.expert_share + self.expert_share / self.expert_ranks
         return (self.other_weight_bytes + linear) * experts * self.stage_share / self.tp
 
@@ -134,10 +140,6 @@ class Inputs:
         if self.staging and self.staging_slots:
             return min(self.host_ranks, self.staging_slots)
         return self.host_ranks
-
-    @property
-    def device_judged(self) -> bool:
-        return self.device_bytes is not None and self.weights_known
 
     @property
     def kv_bytes_per_token(self) -> float | None:
@@ -195,7 +197,7 @@ class Inputs:
 
     @property
     def profile_peak(self) -> float:
-        return self.activation_bytes + (self.burst.peak if self.burst else 0.0)
+        return self.activation_bytes.high + (self.burst.peak if self.burst else 0.0)
 
     @property
     def kv_cache(self) -> float | None:
@@ -236,6 +238,7 @@ class Outcome:
     main_cause: str
     # The verdict of memory alone, where a possible fatal failure (#916) made it at risk.
     memory_verdict: str | None = None
+    not_judged: tuple[str, ...] = ()  # the sides (host, device) nothing could judge
 
     @property
     def memory_fits(self) -> bool:
@@ -243,11 +246,11 @@ class Outcome:
 
     @property
     def host_judged(self) -> bool:
-        return self.inputs.room is not None
+        return codes.HOST not in self.not_judged
 
     @property
     def device_judged(self) -> bool:
-        return self.inputs.device_judged
+        return codes.DEVICE not in self.not_judged
 
     @property
     def host_need(self) -> float:
@@ -263,17 +266,14 @@ def _device(inp: Inputs) -> dict[str, float | None]:
     w = inp.weights
     unit = inp.unit_params / inp.tp * 2 if inp.on_the_fly else 0.0
     load = w + unit
-    if not inp.weights_known:
-        filled = None if inp.device_bytes is None else inp.utilization * inp.device_bytes
-        return {codes.LOAD: None, codes.KV_CACHE: filled, codes.WARMUP: None}
     if inp.device_bytes is None and inp.kv_cache_bytes is None:
         return {codes.LOAD: load, codes.KV_CACHE: None, codes.WARMUP: None}
     kv = inp.kv_cache or 0.0
     burst = inp.burst
     if inp.kv_cache_bytes is not None:
-        at_kv = w + kv + inp.activation_bytes
+        at_kv = w + kv + inp.activation_bytes.high
         new = burst.peak if burst else 0.0
-        at_warmup = w + kv + max(inp.activation_bytes, new) + WARMUP_OUTSIDE_TORCH
+        at_warmup = w + kv + max(inp.activation_bytes.high, new) + WARMUP_OUTSIDE_TORCH
     else:
         assert inp.device_bytes is not None
         filled = inp.utilization * inp.device_bytes - inp.reserve if limits.keeps_kv(inp) else 0
@@ -316,7 +316,7 @@ def _judge_device(inp: Inputs, name: str, phase: Phase) -> tuple[str, str]:
 
 
 def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
-    if phase.device is None or inp.device_bytes is None or not inp.weights_known:
+    if phase.device is None or inp.device_bytes is None:
         return codes.FITS
     kv = inp.kv_cache
     if name == codes.KV_CACHE and kv is not None:
@@ -388,12 +388,13 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
             )
         )
     if inp.int4_layouts == 2:
-        extra = inp.linear_params / inp.tp * (inp.linear_bytes_per_weight - catalog.ONE_LAYOUT)
+        per_weight = inp.linear_bytes_per_weight.high
+        extra = inp.linear_params / inp.tp * (per_weight - catalog.ONE_LAYOUT)
         causes.append(
             Cause(
                 codes.DUPLICATE_INT4_LAYOUT,
                 extra * gib,
-                f"two device layouts per sym_int4 weight ({inp.linear_bytes_per_weight} B per "
+                f"two device layouts per sym_int4 weight ({per_weight} B per "
                 f"weight element instead of {catalog.ONE_LAYOUT}): the second, per rank",
             )
         )
@@ -407,8 +408,7 @@ def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
                 f"{size(burst.gathered_logits, MiB)}; the peak is at {burst.peak_parts()}",
             )
         )
-    if inp.device_judged:
-        assert inp.device_bytes is not None
+    if inp.device_bytes is not None:
         over = max((p.device or 0.0) - inp.device_bytes for p in phases.values())
         kv = inp.kv_cache
         if over > 0 or (kv is not None and kv <= 0):
@@ -436,8 +436,9 @@ def _main_cause(causes: list[Cause], side: str | None) -> str:
     return max(on_side or causes, key=lambda c: c.gib).code
 
 
-def run(inp: Inputs) -> Outcome:
-    """The phases, the causes and the verdict for ``inp``. vLLM's refusals come first,
+def _judge(inp: Inputs) -> Outcome:
+    """The phases, the causes and the verdict for ``inp`` with its ranges pinned. vLLM's
+    refusals come first,
     never as a memory cause. Within a phase the device is judged before the host: what the
     device cannot hold fails there, whatever the host. "will fail" only where every
     condition is known to hold (a refusal, ranks above the visible GPUs, #916 with peer
@@ -497,3 +498,80 @@ def run(inp: Inputs) -> Outcome:
         return Outcome(inp, phases, causes, codes.AT_RISK, None, why, main, worst)
     why = "; ".join(part for part in (why, limits.fitted(inp)) if part)
     return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side))
+
+
+# The inputs that can be ranges: how a verdict names each and writes its values.
+RANGED: dict[str, tuple[str, Callable[[float], str]]] = {
+    "linear_bytes_per_weight": ("the weights", lambda v: _bits(v)),
+    "activation_bytes": ("the activations", lambda v: size(v)),
+}
+FAILED = (codes.RUNS_OUT, codes.WILL_FAIL)
+# Weight widths named in a verdict, narrowest first: bytes per weight at each.
+WIDTHS = ((4, formats.NARROWEST), (8, 1.0), (16, 2.0))
+
+
+def ranged(inp: Inputs) -> list[str]:
+    """Each input that is a range, with where it came from and what would settle it."""
+    lines = []
+    for field, (label, value) in RANGED.items():
+        k = getattr(inp, field)
+        if not k.certain:
+            where = f"{k.source.value}: {k.origin}" + (f"; {k.settle}" if k.settle else "")
+            lines.append(f"{label} {value(k.low)} to {value(k.high)} ({where})")
+    return lines
+
+
+def _bits(per_weight: float) -> str:
+    """The widest of the usual widths within ``per_weight`` bytes (else its own bits)."""
+    within = [bits for bits, width in WIDTHS if width <= per_weight * (1 + 1e-9)]
+    return f"{within[-1] if within else round(per_weight * 8)}-bit"
+
+
+def corner(inp: Inputs, high: bool, **pinned: float) -> Inputs:
+    """``inp`` with every range at its high (else low) end, and ``pinned`` at their value."""
+    ends = {f: getattr(inp, f) for f in RANGED}
+    return replace(
+        inp,
+        **{f: k.at(pinned.get(f, k.high if high else k.low)) for f, k in ends.items()},
+    )
+
+
+def _flips(inp: Inputs, field: str) -> str:
+    """Where ``field`` decides (the rest at their best, it fails at its high end): the
+    largest value at which the start-up still passes, by bisection, and what settles it."""
+    span, (label, value) = getattr(inp, field), RANGED[field]
+    if _judge(corner(inp, False, **{field: span.high})).verdict not in FAILED:
+        return ""
+    low, high = span.low, span.high
+    for _ in range(24):
+        mid = (low + high) / 2
+        passes = _judge(corner(inp, False, **{field: mid})).verdict not in FAILED
+        low, high = (mid, high) if passes else (low, mid)
+    settle = f": {span.settle}" if span.settle else ""
+    return (
+        f"fits if {label} are at most {value(low)}; runs out at {value(span.high)}; "
+        f"{span.origin}{settle}"
+    )
+
+
+def run(inp: Inputs) -> Outcome:
+    """The verdict from the ranges of ``inp``: a failure is certain only where the best end
+    of every range fails; "fits" only where the worst end fits; in between, "at risk",
+    naming each input that decides and the value at which the verdict flips. A side with
+    nothing to judge it against (no room, no device memory) is "not judged", never "fits"."""
+    out = best = _judge(corner(inp, False))
+    open_ = [(f, *RANGED[f]) for f in RANGED if not getattr(inp, f).certain]
+    if best.verdict == codes.WILL_FAIL:
+        pass  # not a matter of memory: no range can change it
+    elif best.verdict == codes.RUNS_OUT and open_:
+        lows = ", ".join(f"{label} at {value(getattr(inp, f).low)}" for f, label, value in open_)
+        out = replace(best, why=f"{best.why}, even with {lows}")
+    elif open_:
+        out = worst = _judge(corner(inp, True))
+        if worst.verdict in FAILED:
+            deciding = [text for f, *_ in open_ if (text := _flips(inp, f))]
+            why = "; ".join([f"at worst {worst.why}", *deciding])
+            out = replace(worst, verdict=codes.AT_RISK, fails_at=None, why=why)
+    missing = (codes.HOST,) * (inp.room is None) + (codes.DEVICE,) * (inp.device_bytes is None)
+    verdict = codes.NOT_JUDGED if missing and out.verdict == codes.FITS else out.verdict
+    return replace(out, inputs=inp, verdict=verdict, not_judged=missing)

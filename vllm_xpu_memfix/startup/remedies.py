@@ -17,6 +17,7 @@ from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.room import Room
 from vllm_xpu_memfix.startup import codes, limits, resizing
 from vllm_xpu_memfix.startup import phases as model
+from vllm_xpu_memfix.startup.known import Source, exact
 
 # Cheapest first: a variable, a plugin switch, a flag that costs time, one that costs KV
 # cache, one that costs P2P, an image, a checkpoint, a driver, a kernel, hardware.
@@ -158,13 +159,13 @@ def _more_gpus(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
 
 
 def _quantize_tries(inp: model.Inputs) -> list[tuple[model.Inputs, str, str]]:
-    if inp.prequantized or inp.linear_bytes_per_weight < 2.0 or not inp.linear_params:
+    if inp.prequantized or inp.linear_bytes_per_weight.low < 2.0 or not inp.linear_params:
         return []
     return [
         (
             replace(
                 inp,
-                linear_bytes_per_weight=per_weight,
+                linear_bytes_per_weight=exact(per_weight, f"-q {name}", Source.GIVEN),
                 on_the_fly=True,
                 int4_layouts=1 if name == "sym_int4" else 0,
                 legacy_load=False,
@@ -264,7 +265,11 @@ def _candidates(context: Context, out: model.Outcome) -> list[tuple[str, str, st
                 f"{_one_layout_image(context)} (one device layout per sym_int4 weight, "
                 "llm-scaler PR #589)",
                 "an image pull; the same vLLM 0.21 line",
-                replace(inp, int4_layouts=1, linear_bytes_per_weight=catalog.ONE_LAYOUT),
+                replace(
+                    inp,
+                    int4_layouts=1,
+                    linear_bytes_per_weight=exact(catalog.ONE_LAYOUT, "one layout", Source.GIVEN),
+                ),
             )
         )
     if inp.kv_cache_bytes is None and inp.device_bytes and out.verdict != codes.WILL_FAIL:

@@ -14,6 +14,7 @@ from vllm_xpu_memfix.intel import catalog, driver, driver_facts
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
 from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
 from vllm_xpu_memfix.startup import context, formats, kv_layout, layout, phases, reserve
+from vllm_xpu_memfix.startup.known import Known, Source, exact
 
 # Quantization methods that convert 16-bit weights while loading, through the host.
 ON_THE_FLY_QUANT = frozenset(formats.ON_THE_FLY)
@@ -202,20 +203,37 @@ def _split_weights(ckpt: Checkpoint) -> tuple[float, float]:
 
 def _bytes_per_weight(
     machine: Machine, fmt: formats.Format, ckpt: Checkpoint, args: ServeArgs
-) -> float | None:
-    """Device bytes per element of the checkpoint's 16-bit linear weights; None: unknown.
-    Where a prequantized checkpoint's headers were read, its quantized tensors are counted
-    at their own size and its 16-bit ones stay 16-bit."""
+) -> Known:
+    """Device bytes per element of the checkpoint's linear weights. Where a prequantized
+    checkpoint's headers were read, its quantized tensors are counted at their own size and
+    its 16-bit ones at the served dtype. Where the format was not read (a size from
+    --params, a method without its config), the widths it can have (``formats.widths``)."""
     if fmt.method in INT4 and not fmt.prequantized:
-        return catalog.TWO_LAYOUTS if machine.int4_layouts == 2 else catalog.ONE_LAYOUT
-    own = float(FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."), 0)) or float(
-        _DTYPE_BYTES.get(ckpt.dtype, 2)
-    )
-    if not fmt.method:
-        return own
+        two = machine.int4_layouts == 2
+        per_weight = catalog.TWO_LAYOUTS if two else catalog.ONE_LAYOUT
+        return exact(per_weight, f"-q {fmt.method}, {1 + two} device layout(s)", Source.GIVEN)
+    dtype = (args.dtype or "").removeprefix("torch.")
+    flag = float(FLAG_DTYPES.get(dtype, 0))
+    # vLLM's "auto" serves a float32 checkpoint at 16 bits (vllm/config/model.py,
+    # _resolve_auto_dtype, 0.32.0: "Downcast for float32 models").
+    served = flag or min(float(_DTYPE_BYTES.get(ckpt.dtype, 2)), 2.0)
+    origin = f"--dtype {dtype}" if flag else f"the checkpoint's {ckpt.dtype}, as vLLM serves it"
+    if not fmt.method and (ckpt.assumed_dtype is None or ckpt.config):
+        return exact(served, origin)  # config.json read: no quantization_config
     if fmt.prequantized and ckpt.tensors and fmt.bytes_per_weight is not None:
-        return own
-    return fmt.bytes_per_weight
+        return exact(served, "the checkpoint's tensor headers")
+    if fmt.bytes_per_weight is not None and (fmt.prequantized or fmt.on_the_fly):
+        source = Source.READ if fmt.prequantized else Source.GIVEN
+        return exact(fmt.bytes_per_weight, f"{fmt.method} ({fmt.source})", source)
+    low, high = formats.widths(fmt.method)
+    if not fmt.method:
+        what, settle = (
+            "the format is not read (sized from --params)",
+            "pass --quantization, or go online",
+        )
+    else:
+        what, settle = f"{fmt.method}'s width is not read", "go online, or give its directory"
+    return Known.between(low, min(high, flag or high), Source.ASSUMED, what, settle)
 
 
 def _logits_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
@@ -255,16 +273,31 @@ def _kv_element_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
     )
 
 
-def _forward(ckpt: Checkpoint | None, args: ServeArgs, sampler: bool) -> tuple[float, Any]:
+def _activations(ckpt: Checkpoint | None, args: ServeArgs, hidden: int | None) -> Known:
+    """Per rank, the profile run's forward pass: ``tokens x (4 hidden + 2 intermediate /
+    TP)`` elements. Without config.json's sizes, from none to the widest model of this
+    size (a gated MLP 4x as wide, at least 8 layers: hidden <= sqrt(params / 96))."""
+    text = text_config(ckpt.config) if ckpt else {}
+    dtype = _logits_bytes(args, ckpt)
+    tokens = args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
+    tp = args.tensor_parallel_size
+    if hidden:
+        inter = _config_int(text, "intermediate_size", "moe_intermediate_size") or 0
+        return exact(float(tokens * (4 * hidden + 2 * inter / tp) * dtype), "config.json")
+    widest = (float(ckpt.total_bytes) / 2 / 96) ** 0.5 if ckpt else 0.0
+    high = tokens * (4 + 8 / tp) * widest * dtype
+    return Known.between(0.0, high, Source.ASSUMED, "no hidden_size read", "go online")
+
+
+def _forward(ckpt: Checkpoint | None, args: ServeArgs, sampler: bool) -> tuple[Known, Any]:
     """(activation bytes per rank, the sampler burst: none where no sampler runs, as
     under a pooling runner)."""
     text = text_config(ckpt.config) if ckpt else {}
     dtype = _logits_bytes(args, ckpt)
     tokens = args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
     hidden = _config_int(text, "hidden_size")
-    inter = _config_int(text, "intermediate_size", "moe_intermediate_size") or 0
     tp = args.tensor_parallel_size
-    activations = float(tokens * (4 * hidden + 2 * inter / tp) * dtype) if hidden else 0.0
+    activations = _activations(ckpt, args, hidden)
     vocab = _config_int(text, "vocab_size")
     burst = None
     if vocab and sampler:
@@ -325,8 +358,7 @@ def _weights(
     return {
         "other_weight_bytes": other,
         "linear_params": linear,
-        "linear_bytes_per_weight": 2.0 if per_weight is None else per_weight,
-        "weights_known": per_weight is not None,
+        "linear_bytes_per_weight": per_weight,
         "prequantized": fmt.prequantized,
         "int4_layouts": machine.int4_layouts if fmt.method in INT4 else 0,
         "on_the_fly": on_the_fly,

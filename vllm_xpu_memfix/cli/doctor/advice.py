@@ -8,7 +8,7 @@ from typing import Any
 from vllm_xpu_memfix.cli.doctor.facts import Measurement
 from vllm_xpu_memfix.core.numbers import printable
 from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
-from vllm_xpu_memfix.startup.phases import Outcome
+from vllm_xpu_memfix.startup.phases import Outcome, corner
 from vllm_xpu_memfix.startup.sizing import ON_THE_FLY_QUANT, ServeArgs, largest_staged_params
 
 
@@ -71,9 +71,8 @@ def notes_for(measured: Measurement, outcome: Outcome, args: ServeArgs) -> list[
     inputs = outcome.inputs
     if (
         ckpt is not None
-        and inputs.device_judged
         and inputs.device_bytes
-        and inputs.weights > inputs.utilization * inputs.device_bytes
+        and corner(inputs, high=False).weights > inputs.utilization * inputs.device_bytes
     ):
         notes.append("the weights alone exceed the device memory at this utilisation")
     return notes

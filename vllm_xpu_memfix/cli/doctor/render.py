@@ -58,7 +58,7 @@ def verdict_line(report: Report) -> str:
     if not report.host_judged:
         parts.append("not judged on the host: no RAM figures")
     if not report.device_judged:
-        parts.append("not judged on the device: its memory or the weights' format is not known")
+        parts.append("not judged on the device: its memory is not known")
     return f"Verdict: {report.verdict.upper()} ({'; '.join(parts)})"
 
 

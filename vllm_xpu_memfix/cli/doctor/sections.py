@@ -3,6 +3,7 @@ the model's estimate) as the fields a person or a script reads."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from vllm_xpu_memfix.cli.doctor import choices
@@ -32,7 +33,8 @@ def model_section(
         "checkpoint_bytes": ckpt.total_bytes,
         "size_from": "safetensors headers" if ckpt.complete else ckpt.declared_from,
         "checkpoint_dtype": ckpt.dtype,
-        "device_weight_bytes_per_rank": inputs.weights if inputs.weights_known else None,
+        "device_weight_bytes_per_rank": inputs.weights,  # the high end of the range below
+        "bytes_per_weight": asdict(inputs.linear_bytes_per_weight),
         "staging": inputs.load_mode_why if inputs.on_the_fly else "no on-the-fly quantization",
     }
 
@@ -150,8 +152,7 @@ def assumed_section(measured: Measurement, args: ServeArgs, outcome: phases.Outc
         assumed.append(f"a pooling runner ({kv.source}): no sampler, no sampler warm-up")
     elif measured.ckpt is not None and inputs.burst is None:
         assumed.append("no vocab_size in config.json: the sampler warm-up is not counted")
-    if measured.ckpt is not None and not inputs.activation_bytes:
-        assumed.append("no hidden_size in config.json: the activations are not counted")
+    assumed += phases.ranged(inputs)
     if inputs.device_bytes is not None:
         assumed.append(
             f"the warm-up adds {size(phases.WARMUP_OUTSIDE_TORCH)} a rank outside torch "
