@@ -69,6 +69,12 @@ def test_explain_prints_an_entry_without_vllm():
     assert "`load_slots`" in result.stdout and "<a id" not in result.stdout
 
 
+def test_a_code_in_capitals_is_the_same_code():
+    result = cli("explain", "Quant_Staging")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("quant_staging (cause)\n\n")
+
+
 def test_an_unknown_code_is_one_line_with_the_nearest_codes_and_exit_2():
     result = cli("explain", "sampler")
     assert result.returncode == 2 and result.stdout == ""

@@ -51,6 +51,18 @@ def cell(text: str, name: str) -> str:
     return row.split(" | ", 1)[1].rstrip(" |")
 
 
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_ledger_named_that_is_no_directory_is_one_line_and_exit_2(tmp_path, kind):
+    given = tmp_path / "ledgr"
+    if kind == "file":
+        given.write_text("")
+    result = run_report({"XDG_CACHE_HOME": str(tmp_path / "cache")}, "--ledger", str(given))
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    said = "does not exist" if kind == "missing" else "not a directory"
+    assert "--ledger" in line and said in line
+
+
 def test_the_machine_comes_from_the_sysroot_without_vllm(tmp_path):
     host = build_host(tmp_path / "host", [B70, B70], runtime="26.14.37833.4", kernel="6.14.0-29")
     result = run_report(

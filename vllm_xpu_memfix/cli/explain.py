@@ -74,8 +74,10 @@ def cause_entry(code: str, entries: dict[str, str]) -> str:
 
 
 def entry(code: str, text: str | None = None) -> str | None:
-    """The entry for ``code``, or ``None`` where it is no cause or remedy code."""
+    """The entry for ``code`` (any case: a code is read as logs and users write it), or
+    ``None`` where it is no cause or remedy code."""
     text = self_contained(guide_text() if text is None else text)
+    code = code.strip().lower()
     if code in codes.CAUSES:
         return cause_entry(code, sections(text))
     if code in codes.REMEDIES:

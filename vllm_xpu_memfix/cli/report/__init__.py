@@ -22,6 +22,7 @@ import argparse
 import os
 import platform
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -126,5 +127,11 @@ def _never_fatal(fact: Callable[[Path], str], sysroot: Path) -> str:
 def main(args: argparse.Namespace) -> int:
     environ = os.environ
     ledger = ledger_directory(environ, args.ledger)
+    if args.ledger is not None and ledger is not None and not ledger.is_dir():
+        # A directory named on the command line that is not there is a typo, not an
+        # empty ledger: say so rather than print a report of no start-up.
+        what = "is not a directory" if ledger.exists() else "does not exist"
+        print(f"vllm-xpu-memfix report: --ledger {str(ledger)[:200]!r} {what}", file=sys.stderr)
+        return 2
     print(report(environ, ledger, args.hostname, args.start), end="")
     return 0
