@@ -97,7 +97,8 @@ def test_bad_ledger_files_are_counted_never_fatal(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "- not read: 3 file(s)" in result.stdout
-    assert "3 line(s) that are no ledger row, 1 row(s) of no known start-up" in result.stdout
+    assert "3 line(s) that are no ledger row" in result.stdout
+    assert "start-ups recorded before 0.1.0: 1 row(s) without a start-up identity" in result.stdout
 
 
 @pytest.mark.server

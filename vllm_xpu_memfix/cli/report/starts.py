@@ -3,7 +3,7 @@ to (``start``: the identity the API server, or an ``LLM(...)`` program, gave it 
 engine and workers inherited, ``core.process.start_identity``), so two servers sharing a
 directory are two start-ups, never one table. The rows are read through
 ``memory.ledger_files``; rows without an identity (written before rows carried one) are
-counted, not shown."""
+counted and named as start-ups recorded before 0.1.0, not shown."""
 
 from __future__ import annotations
 
@@ -133,11 +133,16 @@ def show(block: Block, read: LedgerRead, number: int | None, where: str) -> None
             block.line("Other start-ups in this ledger (report --start N shows one):")
             for i, other in others:
                 block.bullet(f"{i}: {other.summary()}")
-    if read.skipped_files or read.junk_lines or read.unnamed_rows:
+    if read.skipped_files or read.junk_lines:
         skipped = "; ".join(read.skipped_files[:5]) or "none"
         block.bullet(
             f"not read: {len(read.skipped_files)} file(s) ({skipped}), {read.junk_lines} "
-            f"line(s) that are no ledger row, {read.unnamed_rows} row(s) of no known start-up"
+            "line(s) that are no ledger row"
+        )
+    if read.unnamed_rows:
+        block.bullet(
+            f"start-ups recorded before 0.1.0: {read.unnamed_rows} row(s) without a start-up "
+            "identity, not shown (a start-up's rows cannot be told from another's)"
         )
 
 
