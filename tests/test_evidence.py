@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import test_docs
+from helpers.public_cases import serve_line_cases
 
 try:
     import tomllib
@@ -590,18 +591,15 @@ def test_a_figure_without_a_home_is_seen(tmp_path):
 
 # --- the claims that lean on a public thread, held to what its record states -----------
 
-RECORD = ROOT / "tests" / "data" / "public_record"
-
 
 def recorded_runtimes(thread: str) -> list[str | None]:
     """The compute-runtime each public-record case of ``thread`` ("llm-scaler #703") states,
     None where the thread states none."""
     repository, number = thread.split(" #")
     runtimes = []
-    for case in sorted(RECORD.glob("*/case.toml")):
-        url = tomllib.loads(case.read_text())["thread"]["url"]
-        if url.endswith(f"/{repository}/issues/{number}"):
-            host = tomllib.loads((case.parent / "host.toml").read_text())
+    for case, data in serve_line_cases():
+        if data["thread"]["url"].endswith(f"/{repository}/issues/{number}"):
+            host = tomllib.loads((case / "host.toml").read_text())
             runtimes.append(host.get("driver", {}).get("compute_runtime"))
     return runtimes
 

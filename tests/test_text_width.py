@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from helpers.own_parser import own_parser
+from helpers.public_cases import serve_line_cases
 from hosts import A770, B70, build_host, qwen_27b_like
 
 from vllm_xpu_memfix.cli import main
@@ -55,9 +56,10 @@ def _run(argv: list[str]) -> str:
 
 
 def _corpus() -> Iterator[tuple[str, list[str]]]:
-    for case in sorted(p for p in CORPUS.iterdir() if (p / "case.toml").is_file()):
-        serve = tomllib.loads((case / "case.toml").read_text())["serve"]
-        host = ["--host", str(case / "host.toml"), "--params", str(serve["params"])]
+    for case, data in serve_line_cases():
+        serve = data["serve"]
+        params = ["--params", str(serve["params"])] if "params" in serve else []
+        host = ["--host", str(case / "host.toml"), *params]
         yield case.name, ["doctor", *host, "--", *shlex.split(serve["line"])]
 
 
@@ -124,7 +126,7 @@ def prose(name: str, text: str) -> list[str]:
 
 
 def test_the_outputs_cover_the_corpus_and_the_long_texts(outputs):
-    cases = [p for p in CORPUS.iterdir() if (p / "case.toml").is_file()]
+    cases = [case for case, _ in serve_line_cases()]
     assert all(f"doctor {case.name}" in outputs for case in cases) and len(cases) >= 8
     joined = "\n".join(outputs.values())
     for said in ("Remedies: kernel 7.1", "sampler_burst", "cgroup limit 64.0 GiB", "Verdict"):

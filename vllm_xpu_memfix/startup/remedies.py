@@ -340,7 +340,8 @@ def _more_room(context: Context, out: model.Outcome) -> list[tuple[str, str, str
     return [
         (
             codes.MORE_HOST_RAM,
-            f"{_gib(extra)} more host RAM (need {_gib(out.host_need)}, room {_gib(inp.room)})",
+            f"{_gib(extra)} more host RAM: the need {_gib(out.host_need)} within "
+            f"{model.AT_RISK_SHARE:.0%} of the room (now {_gib(inp.room)})",
             "hardware; or fewer GPUs per host",
             replace(inp, room=inp.room + extra),
         )
