@@ -10,13 +10,16 @@ per-fix rows to them.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from vllm_xpu_memfix.core import config_paths as paths
+from vllm_xpu_memfix.core.config_paths import LEDGER_OFF as LEDGER_OFF
+from vllm_xpu_memfix.core.config_paths import default_ledger_dir as default_ledger_dir
+from vllm_xpu_memfix.core.config_paths import default_lock_dir as default_lock_dir
 from vllm_xpu_memfix.core.numbers import (
     MIB,
     SLOTS,
@@ -29,23 +32,6 @@ from vllm_xpu_memfix.core.numbers import (
 )
 
 PREFIX = "VLLM_XPU_MEMFIX"
-
-
-def default_lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "vllm-xpu-memfix"
-    return Path(f"/tmp/vllm-xpu-memfix-{os.geteuid()}")
-
-
-def default_ledger_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """``$XDG_CACHE_HOME/vllm-xpu-memfix/ledger``, else ``~/.cache/...``; None where this
-    user has no home to put it in. Each variable from ``environ``, else this process's."""
-    cache = environ.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(cache):
-        return Path(cache) / "vllm-xpu-memfix" / "ledger"
-    home = environ.get("HOME") or os.environ.get("HOME") or os.path.expanduser("~")
-    return Path(home) / ".cache" / "vllm-xpu-memfix" / "ledger" if os.path.isabs(home) else None
 
 
 class Mode(str, Enum):
@@ -124,54 +110,6 @@ def _number(variable: Variable, raw: str, _environ: Mapping[str, str]) -> float:
 
 def _patterns(_variable: Variable, raw: str, _environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
-
-
-def _optional_directory(_variable: Variable, raw: str, _environ: Mapping[str, str]) -> Path | None:
-    return Path(raw).expanduser() if raw.strip() else None
-
-
-def _check_creatable(variable: Variable, raw: str, path: Path) -> None:
-    """Refuse a directory that could not be created or written in: its nearest existing
-    part is not a directory, or this user may not write there. ``stat`` raises for a name
-    too long or a part that is a file: :func:`read_variable` turns that into a refusal."""
-    for part in (path, *path.parents):
-        try:
-            found = part.stat()
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISDIR(found.st_mode):
-            where = "this path" if part == path else str(part)
-            raise invalid(variable.name, raw, f"{variable.accepted}; {where} is not a directory")
-        if not os.access(part, os.W_OK | os.X_OK):
-            raise invalid(variable.name, raw, f"{variable.accepted}; {part} is not writable")
-        return
-
-
-LEDGER_OFF = "off"
-
-
-def _ledger_dir(variable: Variable, raw: str, environ: Mapping[str, str]) -> Path | None:
-    if not raw.strip():
-        return default_ledger_dir(environ)
-    if raw.strip().lower() == LEDGER_OFF:
-        return None
-    return _optional_directory(variable, raw, environ)
-
-
-def _existing_directory(variable: Variable, raw: str, _environ: Mapping[str, str]) -> Path:
-    # Empty means unset, as for the other path variables: Path("") would be the cwd.
-    path = Path(raw if raw.strip() else variable.default).expanduser()
-    if not path.is_dir():
-        raise invalid(variable.name, raw, "an existing directory")
-    return path
-
-
-def _lock_dir(variable: Variable, raw: str, environ: Mapping[str, str]) -> Path:
-    if not raw.strip():
-        return default_lock_dir(environ)
-    if not os.path.isabs(raw):
-        raise invalid(variable.name, raw, variable.accepted)
-    return Path(raw)
 
 
 AUTO_SLOTS = "auto"
@@ -337,12 +275,12 @@ PARAMETERS: tuple[Variable, ...] = (
         name=f"{PREFIX}_LEDGER_DIR",
         field="ledger_dir",
         default="",
-        accepted=f"a directory (created if missing), or {LEDGER_OFF}",
+        accepted=f"a directory (created if missing), or {paths.LEDGER_OFF}",
         doc="Every vLLM process appends its ledger phases as JSON lines to "
         "<dir>/ledger-<hostname>-<pid>.jsonl; unset: $XDG_CACHE_HOME/vllm-xpu-memfix/ledger, "
         "else ~/.cache/vllm-xpu-memfix/ledger, where report finds the last start-up; files "
-        f"older than 30 days are removed when a start-up begins. {LEDGER_OFF}: no files.",
-        parse=_ledger_dir,
+        f"older than 30 days are removed when a start-up begins. {paths.LEDGER_OFF}: no files.",
+        parse=paths.ledger_dir,
         path=True,
         fixes=("ledger",),
         created=True,
@@ -355,7 +293,7 @@ PARAMETERS: tuple[Variable, ...] = (
         doc="Root for the sysfs, dpkg and library look-ups of the driver guard, doctor and "
         "ray-env, and for the /proc/meminfo and cgroup reads of the host's room (load lock, "
         "ledger, doctor); point it at a recorded tree. Empty is the same as unset.",
-        parse=_existing_directory,
+        parse=paths.existing_directory,
         path=True,
         fixes=("ledger", "load_lock", "driver_env", "preflight"),
     ),
@@ -416,7 +354,7 @@ PARAMETERS: tuple[Variable, ...] = (
         "/tmp/vllm-xpu-memfix-<uid>. Created with mode 0700; a symlink, another user's or a "
         "group/world-writable directory is refused, and so is an entry in it that is not a "
         "regular file (the warm-up or load then runs unlocked).",
-        parse=_lock_dir,
+        parse=paths.lock_dir,
         path=True,
         fixes=("warmup_lock", "load_lock", "device_quant"),
         created=True,
@@ -517,12 +455,12 @@ def _read(variable: Variable, raw: str, environ: Mapping[str, str], this_machine
         raw = variable.default
     elif variable.name not in environ:
         raw = variable.default
-    if variable.path and not this_machine and variable.parse is not _lock_dir:
+    if variable.path and not this_machine and variable.parse is not paths.lock_dir:
         # Another machine's path: taken as written, never looked up here.
         return Path(raw) if raw.strip() else (Path(variable.default) if variable.default else None)
     value = variable.parse(variable, raw, environ)
     if variable.created and this_machine and raw.strip() and isinstance(value, Path):
-        _check_creatable(variable, raw, value)
+        paths.check_creatable(variable, raw, value)
     return value
 
 

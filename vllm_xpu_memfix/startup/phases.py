@@ -28,11 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from vllm_xpu_memfix.core.units import GiB, MiB, size
-from vllm_xpu_memfix.intel import catalog, driver
+from vllm_xpu_memfix.core.units import GiB, size
+from vllm_xpu_memfix.intel import driver
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.memory.estimate import BurstEstimate
 from vllm_xpu_memfix.startup import codes, formats, limits, reserve, staging
+from vllm_xpu_memfix.startup.causes import Cause, causes_of, main_cause
 from vllm_xpu_memfix.startup.known import Known, Source, exact
 from vllm_xpu_memfix.startup.kv_layout import KvLayout
 
@@ -218,13 +219,6 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class Cause:
-    code: str
-    gib: float
-    why: str
-
-
-@dataclass(frozen=True)
 class Outcome:
     """The one result of a judgement: doctor's text and JSON and the preflight's line all
     come from it. ``main_cause`` is a cause code; ``why`` says where and how much."""
@@ -331,111 +325,6 @@ def _device_verdict(inp: Inputs, name: str, phase: Phase) -> str:
     return codes.FITS
 
 
-def _causes(inp: Inputs, phases: dict[str, Phase]) -> list[Cause]:
-    gib = 1 / GiB
-    causes = []
-    if limits.ranks_over_gpus(inp):
-        causes.append(Cause(codes.TP_EXCEEDS_GPUS, 0.0, limits.ranks_why(inp)))
-    for why in limits.vllm_refusals(inp):
-        causes.append(Cause(codes.VLLM_REFUSES, 0.0, why))
-    if limits.short_context(inp):
-        causes.append(
-            Cause(
-                codes.CONTEXT_EXCEEDS_KV_CACHE,
-                limits.kv_shortfall(inp) * gib,
-                f"the KV cache holds {inp.kv_tokens:,} tokens a rank; one --max-model-len "
-                f"{inp.max_model_len:,} sequence needs more (vLLM refuses at KV cache set-up)",
-            )
-        )
-    condition = inp.xe_peer_condition
-    if condition is not None:
-        unknown = ", ".join(condition.unknown)
-        known = (
-            ""
-            if condition.certain
-            else f" (possible: {unknown} not known; {dfacts.XE_PEER_OOM_CHECK})"
-        )
-        causes.append(
-            Cause(
-                codes.XE_PEER_CONTEXT_OOM,
-                0.0,
-                f"{inp.gpus_in_context} Intel GPUs in one context, compute-runtime "
-                f"{inp.runtime.version if inp.runtime else 'unknown'}, kernel "
-                f"{(inp.kernel.release if inp.kernel else None) or 'unknown'}: every device "
-                f"allocation fails ({dfacts.XE_PEER_OOM_THREAD}){known}",
-            )
-        )
-    if inp.host_copy:
-        peak = max(phases.values(), key=lambda p: p.pinned)
-        causes.append(
-            Cause(
-                codes.DRIVER_HOST_COPY,
-                peak.pinned * gib,
-                f"{inp.battlemage_in_context} Battlemage GPUs in one context, compute-runtime "
-                f"{inp.runtime.version if inp.runtime else 'unknown (assumed affected)'}: about "
-                f"each rank's device use pinned on the host, {inp.host_ranks} rank(s)",
-            )
-        )
-    if inp.staging:
-        load = "whole 16-bit shard (legacy load)" if inp.legacy_load else "per layer"
-        ranks = inp.staging_ranks
-        causes.append(
-            Cause(
-                codes.QUANT_STAGING,
-                ranks * inp.staging * gib,
-                f"{load}: {size(inp.staging)} a rank, {ranks} of {inp.host_ranks} rank(s) at "
-                f"once; {inp.load_mode_why}",
-            )
-        )
-    if inp.int4_layouts == 2:
-        per_weight = inp.linear_bytes_per_weight.high
-        extra = inp.linear_params / inp.tp * (per_weight - catalog.ONE_LAYOUT)
-        causes.append(
-            Cause(
-                codes.DUPLICATE_INT4_LAYOUT,
-                extra * gib,
-                f"two device layouts per sym_int4 weight ({per_weight} B per "
-                f"weight element instead of {catalog.ONE_LAYOUT}): the second, per rank",
-            )
-        )
-    if inp.burst is not None:
-        burst = inp.burst
-        causes.append(
-            Cause(
-                codes.SAMPLER_BURST,
-                burst.peak * gib,
-                f"B={burst.shape.num_reqs} x vocab {burst.shape.padded_vocab:,}: gathered logits "
-                f"{size(burst.gathered_logits, MiB)}; the peak is at {burst.peak_parts()}",
-            )
-        )
-    if inp.device_bytes is not None:
-        over = max((p.device or 0.0) - inp.device_bytes for p in phases.values())
-        kv = inp.kv_cache
-        if over > 0 or (kv is not None and kv <= 0):
-            causes.append(
-                Cause(
-                    codes.DEVICE_OVERCOMMIT,
-                    max(over, -(kv or 0.0)) * gib,
-                    f"weights {size(inp.weights)} + KV cache + activations per rank "
-                    f"against {size(inp.device_bytes)} at utilisation {inp.utilization}",
-                )
-            )
-    causes.append(
-        Cause(
-            codes.PROCESS_BASELINE,
-            inp.host_ranks * inp.baseline * gib,
-            f"{size(inp.baseline)} a rank, {inp.host_ranks} rank(s) on this host",
-        )
-    )
-    return causes
-
-
-def _main_cause(causes: list[Cause], side: str | None) -> str:
-    """The largest cause on ``side`` (any side where None), as its code."""
-    on_side = [c for c in causes if side is None or codes.CAUSE_SIDE[c.code] == side]
-    return max(on_side or causes, key=lambda c: c.gib).code
-
-
 def _judge(inp: Inputs) -> Outcome:
     """The phases, the causes and the verdict for ``inp`` with its ranges pinned. vLLM's
     refusals come first,
@@ -446,7 +335,7 @@ def _judge(inp: Inputs) -> Outcome:
     the model does not cover caps a failure at "at risk" only where it could lower the
     failing phase on that side (``reach``); one that cannot leaves the failure standing."""
     phases = _phases(inp)
-    causes = _causes(inp, phases)
+    causes = causes_of(inp, phases)
     start = {"phase": codes.LOAD, "where": codes.DEVICE}
     refused = limits.vllm_refusals(inp)
     if refused:
@@ -481,7 +370,7 @@ def _judge(inp: Inputs) -> Outcome:
             if judged == codes.RUNS_OUT:
                 capped = limits.capped(inp, where, text, name)
                 if capped is None:
-                    main = _main_cause(causes, where)
+                    main = main_cause(causes, where)
                     at = {"phase": name, "where": where}
                     stands = limits.cannot_rescue(inp, where, name)
                     text = "; ".join(part for part in (text, stands) if part)
@@ -493,11 +382,11 @@ def _judge(inp: Inputs) -> Outcome:
     if oom is not None:
         # Not known to hold, but fatal if it does: at risk, with what is unknown.
         possible = f"compute-runtime #916 possible: {', '.join(oom.unknown)} unknown"
-        main = _main_cause(causes, side) if why else codes.XE_PEER_CONTEXT_OOM
+        main = main_cause(causes, side) if why else codes.XE_PEER_CONTEXT_OOM
         why = "; ".join(part for part in (why, possible, limits.fitted(inp)) if part)
         return Outcome(inp, phases, causes, codes.AT_RISK, None, why, main, worst)
     why = "; ".join(part for part in (why, limits.fitted(inp)) if part)
-    return Outcome(inp, phases, causes, worst, None, why, _main_cause(causes, side))
+    return Outcome(inp, phases, causes, worst, None, why, main_cause(causes, side))
 
 
 # The inputs that can be ranges: how a verdict names each and writes its values.
