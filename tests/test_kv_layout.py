@@ -83,11 +83,55 @@ def built(tmp_path_factory):
         # vLLM inspects each architecture in a new interpreter, to keep CUDA out of this
         # one; on the CPU build the same inspection runs here, without that start-up.
         env.setattr(registry, "_run_in_subprocess", lambda inspect: inspect())
+        _as_xpu_keeps_the_state_dtype(env)
         for name, pooling in FAMILIES.items():
             directory = model_dir(root, name, pooling)
             args = EngineArgs(model=str(directory), skip_tokenizer_init=True)
             found[name] = (directory, args.create_engine_config())
     return found
+
+
+def _as_xpu_keeps_the_state_dtype(env: pytest.MonkeyPatch) -> None:
+    """Pin the one answer of vLLM's CPU platform that depends on this CPU: with AVX-512 BF16
+    (vllm/platforms/cpu.py ``check_and_update_config``, 0.32.0) it stores the mamba SSM state
+    as float32 for its accelerated GDN kernel and sets the conv-state layout variable. XPU's
+    platform keeps the model's dtype, as config.json's rules do; so does the CPU platform
+    without BF16. Pinned here so the layout is the same on every x86-64 CPU (issue 58)."""
+    import torch
+
+    env.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    env.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
+
+
+def test_on_an_avx512_bf16_cpu_vllm_stores_the_ssm_state_as_float32_and_xpu_would_not(
+    tmp_path,
+):
+    """The answer pinned above, forced the other way: on the CPU platform with BF16 the
+    linear-attention state of Qwen3-Next grows by the recurrent state's float32 bytes, which
+    config.json's rules (the XPU answer) do not take."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models import registry
+
+    directory = model_dir(tmp_path, "qwen3-next-80b-a3b", False)
+    states = {}
+    for bf16 in (False, True):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("VLLM_PLUGINS", "none")
+            env.setattr(registry, "_run_in_subprocess", lambda inspect: inspect())
+            env.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda bf16=bf16: bf16)
+            env.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
+            config = EngineArgs(model=str(directory), skip_tokenizer_init=True)
+            built_here = config.create_engine_config()
+            (state,) = [
+                g for g in kv_layout.from_vllm(built_here).layers if g.kind == kv_layout.STATE
+            ]
+            states[bf16] = state.state_bytes
+    hand = hand_layout(directory, built_here)
+    (by_rules,) = [g for g in hand.layers if g.kind == kv_layout.STATE]
+    assert states[False] == by_rules.state_bytes
+    assert states[True] > states[False]
 
 
 def element_bytes(vllm_config) -> int:
