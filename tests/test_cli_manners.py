@@ -4,6 +4,7 @@ entries that need no other page, and text within 100 columns."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -83,3 +84,26 @@ def test_every_explain_entry_stands_alone_within_the_width():
         assert ".md#" not in text and "()" not in text, code
         shown = explain.fitted(text).splitlines()
         assert all(len(line) <= WIDTH for line in shown if not line.startswith("|")), code
+
+
+class _Terminal(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_doctor_says_it_imports_vllm_on_a_terminal_and_nowhere_else(monkeypatch, tty):
+    """Issue 57, class 10: the seconds of vLLM's import are not silent on a terminal, and a
+    pipe (doctor --json | jq, the tests) gets nothing but the answer."""
+    from vllm_xpu_memfix.cli.doctor import vllmline
+
+    stderr = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.delitem(sys.modules, "vllm.engine.arg_utils", raising=False)
+    vllmline._say_while_importing("0.32.0")
+    expected = "doctor: reading the line with vLLM 0.32.0's parser (importing vLLM)..."
+    assert stderr.getvalue().splitlines() == ([expected] if tty else [])

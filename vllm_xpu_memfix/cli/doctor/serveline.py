@@ -263,3 +263,18 @@ def fitted(fields: dict[str, Any]) -> dict[str, Any]:
     if fields.get("max_model_len") == FITTED:
         return {**fields, "max_model_len": None, "max_model_len_fitted": True}
     return fields
+
+
+def out_of_bounds(namespace: Any) -> dict[str, str]:
+    """The modelled values of the line that doctor's own bounds refuse (``-tp 0``), by
+    field: why, naming the flag."""
+    found = {}
+    for flag, (name, kind) in {**MODELLED, **LINE_ONLY}.items():
+        value = getattr(namespace, name, None)
+        if not flag.startswith("--") or value is None or name in found or kind == "text":
+            continue
+        try:
+            value_of(kind, str(value))
+        except ValueError as exc:
+            found[name] = f"{flag} {exc}"
+    return found

@@ -38,6 +38,7 @@ import io
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NoReturn
@@ -168,6 +169,13 @@ class _Reader(argparse.ArgumentParser):
 
     def load_config_file(self, file_path: str) -> list[str]:
         return configfile.load(file_path, super().load_config_file)  # type: ignore[misc]
+
+
+def _say_while_importing(version: str) -> None:
+    """One line on a terminal's stderr before an import of seconds; none to a pipe or file."""
+    if "vllm.engine.arg_utils" not in sys.modules and sys.stderr.isatty():
+        said = f"doctor: reading the line with vLLM {version}'s parser (importing vLLM)..."
+        print(said, file=sys.stderr, flush=True)
 
 
 @functools.cache
@@ -321,21 +329,6 @@ def _needs_code(exc: BaseException) -> bool:
     return False
 
 
-def _out_of_bounds(namespace: argparse.Namespace) -> dict[str, str]:
-    """The modelled values of the line that doctor's own bounds refuse (``-tp 0``), by
-    field: why, naming the flag."""
-    found = {}
-    for flag, (name, kind) in {**serveline.MODELLED, **serveline.LINE_ONLY}.items():
-        value = getattr(namespace, name, None)
-        if not flag.startswith("--") or value is None or name in found or kind == "text":
-            continue
-        try:
-            serveline.value_of(kind, str(value))
-        except ValueError as exc:
-            found[name] = f"{flag} {exc}"
-    return found
-
-
 def _given(namespace: argparse.Namespace, parser: Any, flags: Sequence[str]) -> ServeArgs:
     """The model's arguments as the line gives them, where vLLM built no configuration:
     ``-q`` checked against the release's methods as doctor's own parser checks it, and the
@@ -343,7 +336,7 @@ def _given(namespace: argparse.Namespace, parser: Any, flags: Sequence[str]) -> 
     engine arguments were not built); a value out of doctor's bounds (which vLLM refused)
     is left to the model's default."""
     names = {spec.name for spec in fields(ServeArgs)} & set(domain.DOMAIN)
-    names -= set(_out_of_bounds(namespace))
+    names -= set(serveline.out_of_bounds(namespace))
     values = {n: getattr(namespace, n) for n in names if getattr(namespace, n, None) is not None}
     if values.get("max_model_len") == serveline.FITTED:
         values.update(max_model_len=None, max_model_len_fitted=True)
@@ -467,6 +460,7 @@ def read(
     import."""
     serve, _ = serveline.launcher_args(list(words))
     parser = parser_words(version)
+    _say_while_importing(version)
     with _vllm_quiet():
         try:
             _parser(serve)
@@ -484,7 +478,7 @@ def read(
                 return Reading(given, parser, unknown, REMOTE_CODE, XPU_DEFAULTS)
             elsewhere = _resolves(platform)
             if elsewhere is not None or not _refused(exc):
-                for why in _out_of_bounds(namespace).values():
+                for why in serveline.out_of_bounds(namespace).values():
                     raise serveline.ServeLineError(why) from None
                 not_built = f"not built by vLLM ({elsewhere or message}); the model's own checks"
                 return Reading(given, parser, unknown, not_built, XPU_DEFAULTS)
