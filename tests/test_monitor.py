@@ -347,3 +347,38 @@ def test_others_the_kernel_refuses_make_not_in_any_process_an_upper_bound(pair, 
     labels = [line.label for line in system_lines(read)]
     assert any(label.startswith(NOT_IN_ANY + ": an upper bound") for label in labels), labels
     assert "an upper bound" in sampler.peaks.report()
+
+
+def test_a_workers_start_mark_sits_where_the_process_began_not_after_its_imports(tmp_path):
+    """Issue 61 item 2: a worker writes its "process start" row after seconds of imports;
+    the row's ``began`` (the process's own start, from /proc) is where the mark goes."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    rows = [
+        {"phase": "process start", "ts": 130.0, "began": 100.0, "role": "worker-0", "rank": 0},
+        {"phase": "weights loaded", "ts": 140.0, "began": 100.0, "role": "worker-0", "rank": 0},
+    ]
+    (ledger / "ledger-host-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_ledger_phases(ledger) == [(100.0, "process start"), (140.0, "weights loaded")]
+
+
+def test_began_at_is_the_kernels_start_time_of_the_process():
+    """On this machine's real /proc, against psutil's reading of the same process."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from vllm_xpu_memfix.core.process import began_at
+
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        began = began_at(child.pid)
+        assert began is not None
+        assert abs(began - psutil.Process(child.pid).create_time()) < 1.5
+        assert before - 1.5 < began < time.time() + 1.5
+    finally:
+        child.kill()
+        child.wait()
+    assert began_at(2**22 + 12345) is None  # no such process

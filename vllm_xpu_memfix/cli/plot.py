@@ -128,6 +128,9 @@ def _worker_phase(row: dict[str, Any]) -> tuple[float, str] | None:
         raise ValueError("no ts or phase")
     if not math.isfinite(ts):
         raise ValueError("no finite ts")
+    began = row.get("began")
+    if phase == "process start" and isinstance(began, (int, float)) and math.isfinite(began):
+        ts = began  # the process's own start, not the row's time after its imports
     return (float(ts), phase) if str(row.get("role", "")).startswith("worker") else None
 
 

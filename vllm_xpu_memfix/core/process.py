@@ -147,6 +147,18 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+def began_at(pid: int | None = None) -> float | None:
+    """When process ``pid`` (this one where None) started, in epoch seconds, to about a
+    second (/proc/stat's boot time is whole seconds); None where /proc cannot say."""
+    ticks = start_time(os.getpid() if pid is None else pid)
+    try:
+        stat = files.read_bytes("/proc/stat", files.ATTRIBUTE_CAP).decode("ascii", "replace")
+        boot = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("btime "))
+        return boot + int(ticks or "") / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def instance_token() -> str:
     """:func:`instance_key` and the start time of this process's parent (the EngineCore of
     multiprocessing ranks): a decision a previous engine left under a pid that was reused

@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllm_xpu_memfix.core import config
+from vllm_xpu_memfix.core import config, process
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.core.log import get_logger
 from vllm_xpu_memfix.core.patching import Patch, Patcher, RemoveWhen
@@ -170,7 +170,9 @@ class Recorder:
     def patches(self) -> tuple[Patch, ...]:
         def after_worker_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             result = wrapped(*args, **kwargs)  # builds no model; sets the rank
-            self.record("process start", instance)
+            # The row is written after the worker's imports (seconds): ``began`` says when
+            # the process itself started, where the picture places its mark.
+            self.record("process start", instance, began=process.began_at())
             return result
 
         def around_weight_processing(wrapped: Any, _instance: Any, args: Any, kwargs: Any) -> Any:
