@@ -382,3 +382,31 @@ def test_began_at_is_the_kernels_start_time_of_the_process():
         child.kill()
         child.wait()
     assert began_at(2**22 + 12345) is None  # no such process
+
+
+def test_phase_labels_closer_than_their_width_never_overlap():
+    """Issue 61 item 3: the KV-cache and warm-up marks of a real start-up come a second or
+    two apart; their labels are stacked, and every label box is clear of every other."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vllm_xpu_memfix.cli.plot import draw_phase_marks
+
+    fig, ax = plt.subplots(figsize=(12, 6.5), dpi=100)
+    ax.plot([0, 90], [0, 2])
+    marks = [
+        (0.0, "process start"),
+        (30.0, "weights loaded / weights processed"),
+        (61.0, "kv cache allocated"),
+        (61.6, "warm-up done"),
+        (62.1, "ready"),
+    ]
+    labels = draw_phase_marks(fig, ax, marks)
+    renderer = fig.canvas.get_renderer()
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    assert len(boxes) == 5
+    for i, box in enumerate(boxes):
+        assert all(not box.overlaps(other) for other in boxes[i + 1 :]), labels[i].get_text()
+    assert boxes[3].y1 <= boxes[2].y0  # stacked below, not dropped
+    plt.close(fig)

@@ -231,6 +231,34 @@ def output_path(out: Path) -> Path:
     return out
 
 
+def draw_phase_marks(fig: Any, ax: Any, marks: list[tuple[float, str]]) -> list[Any]:
+    """A dotted line and an upright label at each mark; a label that would overlap one
+    already placed (marks closer than a label's width) moves down below it."""
+    renderer = fig.canvas.get_renderer()
+    to_axes = ax.transAxes.inverted()
+    placed: list[Any] = []
+    for x, name in sorted(marks):
+        ax.axvline(x, color="grey", lw=0.8, ls=":")
+        label = ax.text(
+            x,
+            1.0,
+            name,
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            transform=ax.get_xaxis_transform(),
+        )
+        for _ in placed:  # each move goes below one placed label: at most that many
+            box = label.get_window_extent(renderer)
+            clash = next((o for o in placed if box.overlaps(o.get_window_extent(renderer))), None)
+            if clash is None:
+                break
+            label.set_y(to_axes.transform((0, clash.get_window_extent(renderer).y0))[1] - 0.01)
+        placed.append(label)
+    return placed
+
+
 def plot(
     csv_path: Path, out: Path, ledger_dir: Path | None = None, skipped: Skipped | None = None
 ) -> Path:
@@ -257,17 +285,16 @@ def plot(
         ax.stackplot(times, stacks, labels=labels, alpha=0.75)
     for line in system_lines(system):
         ax.plot(times, line.gib, label=line.label, **line.style)
-    if ledger_dir is not None:
-        t0 = system[0]["ts"] - system[0]["t"]
-        for ts, name in read_ledger_phases(ledger_dir, skipped=skipped):
-            ax.axvline(ts - t0, color="grey", lw=0.8, ls=":")
-            ax.text(ts - t0, ax.get_ylim()[1], name, rotation=90, va="top", ha="right", fontsize=7)
     ax.set_xlabel("seconds since monitor start")
     ax.set_ylabel("GiB")
     ax.set_title("Host memory of the vLLM process tree (PSS, stacked by process)")
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    if ledger_dir is not None:
+        t0 = system[0]["ts"] - system[0]["t"]
+        marks = [(ts - t0, name) for ts, name in read_ledger_phases(ledger_dir, skipped=skipped)]
+        draw_phase_marks(fig, ax, marks)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=DPI)
