@@ -305,7 +305,10 @@ def test_the_text_report_shows_the_machine_phases_causes_and_remedies(tmp_path):
     assert f"Host ({path})" in out
     assert "Phases (host: all ranks of the host; device: per rank)" in out
     assert "<- runs out on the host" in out
-    assert "  driver_host_copy" in out and "Remedies (the cheapest that fits first)" in out
+    assert (
+        "  driver_host_copy" in out
+        and "Remedies (those that fit first, each group the cheapest first)" in out
+    )
     assert "  assumed: judged without the plugin" in out
     assert "Verdict: WILL RUN OUT OF MEMORY (host at kv_cache: " in out
 
@@ -460,3 +463,15 @@ def test_doctor_takes_max_model_len_auto_as_vllm_does(tmp_path):
         result = doctor("--host", host, "--json", "--params", "8B", *args)
         assert result.returncode == 0, result.stderr
         assert "fitted to the KV cache" in json.loads(result.stdout)["why"]
+
+
+def test_a_remedy_that_does_not_fit_says_not_enough():
+    """Issue 57 class 8: a remedy after which the start-up still runs out is not shown as
+    one that fits."""
+    from vllm_xpu_memfix.cli.doctor.render import _remedy_line
+
+    remedy = {"code": "kv_headroom", "what": "w", "cost": "c", "host_need_after_gib": 1.0}
+    assert "-> not enough: will run out of memory," in _remedy_line(
+        {**remedy, "verdict_after": "will run out of memory"}
+    )
+    assert "-> fits," in _remedy_line({**remedy, "verdict_after": "fits"})

@@ -9,6 +9,7 @@ from typing import Any
 from vllm_xpu_memfix.core.lines import wrap
 from vllm_xpu_memfix.core.numbers import printable
 from vllm_xpu_memfix.core.units import GiB, size
+from vllm_xpu_memfix.startup import codes
 from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 SELF_CHECK = "device_quant self-check"
@@ -83,7 +84,7 @@ def _outcome_lines(report: Report) -> list[str]:
         row = f"  {c['code']:<{CODE_WIDTH}} {_figure(c['gib']):>{SIZE_WIDTH}}  {c['why']}"
         lines += wrap(printable(row, limit=None), hang=WHY_COLUMN)  # the why column
     if report.remedies:
-        lines.append("Remedies (the cheapest that fits first)")
+        lines.append("Remedies (those that fit first, each group the cheapest first)")
         lines += [_remedy_line(r) for r in report.remedies]
     if report.not_helping:
         lines.append("Does not help")
@@ -99,8 +100,11 @@ def _remedy_line(remedy: dict[str, Any]) -> str:
     gone = (
         f"; removes {', '.join(removes)}" if removes and remedy["verdict_after"] != "fits" else ""
     )
+    after = remedy["verdict_after"]
+    if after in (codes.RUNS_OUT, codes.WILL_FAIL):
+        after = f"not enough: {after}"
     return (
-        f"  {remedy['code']}: {remedy['what']} -> {remedy['verdict_after']}, host "
+        f"  {remedy['code']}: {remedy['what']} -> {after}, host "
         f"{_figure(remedy['host_need_after_gib'])}{gone}; cost: {remedy['cost']}"
     )
 
