@@ -135,6 +135,7 @@ def _sha(repo: str) -> str:
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+?)(?:/revision/[^/]+)?$")
+_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/[^/]+(?:/.*)?$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
 
@@ -185,6 +186,16 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             byte_range = self.headers.get("Range", "")
             hub.requests.append((self.command, path, byte_range))
+            tree = _TREE.match(path)
+            if tree and tree.group("repo") in hub.repos:  # the file listing vLLM asks for
+                files = hub.repos[tree.group("repo")]
+                listing = [
+                    {"type": "file", "path": n, "size": f.size, "oid": _sha(n)}
+                    for n, f in files.items()
+                ]
+                return self._send(
+                    200, json.dumps(listing).encode(), Content_Type="application/json"
+                )
             info = _INFO.match(path)
             if info:
                 repo = info.group("repo")

@@ -43,6 +43,8 @@ def _number(bounds: Bounds) -> Callable[[str], float]:
 RANKS = Bounds(1, 1024, integer=True)
 UTILIZATION = Bounds(0, 1, above_minimum=True)
 DEVICE_GIB = Bounds(0, 16_384, above_minimum=True, unit="GiB")
+DEADLINE_S = Bounds(1, 3600, unit="s")
+DEADLINE_DEFAULT_S = 30.0  # cli.doctor.deadline.DEFAULT_S, without importing doctor here
 INTERVAL_S = Bounds(0.01, 3600, unit="seconds")
 
 
@@ -108,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="predict whether a serve command fits, phase by phase, and why not",
         usage="vllm-xpu-memfix doctor [--host FILE] [--image TAG] [--write-host FILE [--force]]\n"
-        "       [--params N] [--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
+        "       [--params N] [--deadline S] [--json] [MODEL] [FLAGS] [-- vllm serve MODEL ARGS...]",
         description="Takes the arguments of `vllm serve` that matter for memory, or the whole "
         "serve line after --. Judges this machine, or one described in a TOML file (--host). "
         "Reads headers (local or the Hub's), imports vLLM; never weights, never the driver.",
@@ -153,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--device-memory-gib",
         type=_number(DEVICE_GIB),
         help=f"per-GPU memory if sysfs lacks it, {DEVICE_GIB.accepted}",
+    )
+    doctor.add_argument(
+        "--deadline",
+        metavar="SECONDS",
+        type=_number(DEADLINE_S),
+        default=DEADLINE_DEFAULT_S,
+        help="the longest vLLM may take to build the line's configuration (it reads the Hub); "
+        f"past it the line is judged as read, said; {DEADLINE_S.accepted}, default 30",
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     ray_env = sub.add_parser(

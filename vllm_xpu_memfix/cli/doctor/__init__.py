@@ -34,6 +34,7 @@ from pathlib import Path
 from vllm_xpu_memfix.cli.doctor import (
     advice,
     choices,
+    deadline,
     described,
     facts,
     hostfile,
@@ -133,7 +134,13 @@ def _serve_args(args: argparse.Namespace, goal: target.Target | None = None) -> 
     own_parser = vllmline.own_parser(goal.vllm, None if here else goal.platform)
     if version is not None:
         try:
-            reading = vllmline.read(line, {**own, "model": given["model"]}, version, goal.platform)
+            reading = vllmline.read(
+                line,
+                {**own, "model": given["model"]},
+                version,
+                goal.platform,
+                getattr(args, "deadline", deadline.DEFAULT_S),
+            )
         except vllmline.Unavailable as exc:
             own_parser = f"doctor's own parser ({exc})"
         else:

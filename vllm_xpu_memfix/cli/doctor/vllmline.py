@@ -43,7 +43,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NoReturn
 
-from vllm_xpu_memfix.cli.doctor import configfile, serveline
+from vllm_xpu_memfix.cli.doctor import configfile, deadline, serveline
 from vllm_xpu_memfix.core.log import fit
 from vllm_xpu_memfix.startup import codes, domain, engine_config
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -452,7 +452,11 @@ def _resolves(platform: str | None) -> str | None:
 
 
 def read(
-    words: Sequence[str], own: Mapping[str, Any], version: str, platform: str | None = None
+    words: Sequence[str],
+    own: Mapping[str, Any],
+    version: str,
+    platform: str | None = None,
+    deadline_s: float = deadline.DEFAULT_S,
 ) -> Reading:
     """The serve line ``words`` with doctor's ``own`` flags (EngineArgs names), read by
     the installed vLLM ``version`` for ``platform`` (None: whichever it resolves here);
@@ -470,7 +474,7 @@ def read(
         _merge(namespace, words, own, _parser(serve)[1])
         flags: list[str] = []
         try:
-            config = _build(namespace, flags)
+            config = deadline.call(deadline_s, "vLLM's configuration", _build, namespace, flags)
         except Exception as exc:
             message = _message(exc)
             given = _given(namespace, _parser(serve)[1], flags)

@@ -1,0 +1,71 @@
+"""doctor's deadline on vLLM's configuration (issue 59, item 4): the one step that can wait
+on a slow Hub without a bound of its own. The timer is real (SIGALRM through
+``cli.doctor.deadline``); the slow Hub is the stand-in dripping its bytes, and vLLM is the
+test bed's real CPU build reading it through huggingface_hub."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+import pytest
+from helpers.hub_standin import File, Server
+from test_bad_input_doctor import doctor, report, safetensors_bytes
+from test_doctor_no_remote_code import CONFIG
+
+from vllm_xpu_memfix.cli.doctor import deadline
+
+
+def test_the_deadline_interrupts_a_blocked_read_and_puts_the_timer_back():
+    before = signal.getsignal(signal.SIGALRM)
+    left, right = socket.socketpair()
+    started = time.monotonic()
+    past = pytest.raises(deadline.PastDeadline, match=r"deadline of 0\.5 s")
+    with left, right, past, deadline.within(0.5, "a read"):
+        left.recv(1)  # nothing is ever sent
+    assert 0.4 < time.monotonic() - started < 3
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_slow_hub_costs_vllms_path_no_more_than_the_deadline(tmp_path):
+    """Every 1 KiB of the stand-in's answers comes 0.5 s late; the draft model's config.json,
+    which vLLM reads and doctor does not, is 6 KiB: about 3 s a fetch. With --deadline 2
+    the line is judged as read, and the report says vLLM's configuration was past it."""
+    pytest.importorskip("vllm")
+    config = {key: value for key, value in CONFIG.items() if key != "auto_map"}
+    config["model_type"], config["architectures"] = "qwen3", ["Qwen3ForCausalLM"]
+    text = json.dumps(config).encode()
+    slow = json.dumps({**config, "padding": "x" * 6000}).encode()
+    weights = safetensors_bytes()
+    model = {"config.json": File(text, len(text), False)}
+    draft = {"config.json": File(slow, len(slow), False)}
+    for repo in (model, draft):
+        repo["model.safetensors"] = File(weights, len(weights), True)
+    host = tmp_path / "cpu-host.toml"
+    host.write_text("gpu = []\n\n[host]\nram_gib = 64\n")
+    with Server({"org/model": model, "org/slow-draft": draft}) as hub:
+        hub.drip_s = 0.5
+        env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "c"), "HF_HUB_OFFLINE": "0"}
+        started = time.monotonic()
+        got = report(
+            doctor(
+                "--host",
+                str(host),
+                "--deadline",
+                "2",
+                "--json",
+                "--",
+                "vllm",
+                "serve",
+                "org/model",
+                "--speculative-config",
+                '{"model": "org/slow-draft", "num_speculative_tokens": 2}',
+                **env,
+            )
+        )
+        took = time.monotonic() - started
+    assert "deadline of 2 s" in got["serve_line"]["configuration"], got["serve_line"]
+    assert took < 45, took
