@@ -174,6 +174,22 @@ def input_problem(path: Path, cap: int | None = None) -> str | None:
     return None
 
 
+class InputRefused(ValueError):
+    """A file given on a command line that cannot be read as one; the message says why."""
+
+
+def read_input(path: str | os.PathLike[str], cap: int) -> bytes:
+    """The bytes of a file named on a command line (a host file, a ``--config``), at most
+    ``cap``: :class:`InputRefused` with :func:`input_problem`'s reason, or the read's."""
+    problem = input_problem(Path(path), cap)
+    if problem is not None:
+        raise InputRefused(problem)
+    try:
+        return read_bytes(path, cap)
+    except OSError as exc:
+        raise InputRefused(f"cannot be read ({exc.strerror or exc})") from None
+
+
 class WriteRefused(OSError):
     """What stands at the path is not a file to replace; the message says what it is."""
 

@@ -32,13 +32,10 @@ def _checked(path: str) -> bytes:
     shown = f"{FLAG} {path!r}"
     if path.rpartition(".")[2] not in ("yaml", "yml"):
         raise ConfigFileError(f"{shown}: vLLM takes a .yaml or .yml file")
-    problem = files.input_problem(Path(path), CAP)
-    if problem is not None:
-        raise ConfigFileError(f"{shown}: {problem}")
     try:
-        raw = files.read_bytes(path, CAP)
-    except OSError as exc:
-        raise ConfigFileError(f"{shown}: cannot be read ({exc.strerror or exc})") from None
+        raw = files.read_input(path, CAP)
+    except files.InputRefused as exc:
+        raise ConfigFileError(f"{shown}: {exc}") from None
     import yaml  # vLLM's own dependency, as its parser reads the file
 
     try:

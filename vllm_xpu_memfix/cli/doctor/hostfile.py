@@ -114,13 +114,10 @@ def load(path: str | Path, image: str | None = None) -> Described:
     """Read and check the host file at ``path``; ``image``: ``--image``'s name, the same
     input as the file's ``[image] name`` (``target.image_of``)."""
     name = str(path)
-    problem = files.input_problem(Path(path), HOST_FILE_CAP)
-    if problem is not None:
-        raise HostFileError(f"{name}: {problem}")
     try:
-        raw = files.read_bytes(path, HOST_FILE_CAP)
-    except OSError as exc:
-        raise HostFileError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+        raw = files.read_input(path, HOST_FILE_CAP)
+    except files.InputRefused as exc:
+        raise HostFileError(f"{name}: {exc}") from None
     if sum(raw.count(mark) for mark in b",=[{") > HOST_LIMITS.values:  # before tomllib's slow parse
         raise HostFileError(f"{name}: more than {HOST_LIMITS.values:,} values; not a host file")
     try:
