@@ -19,20 +19,19 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.config_models import config_models
 from test_doctor_host import B70_HOST
 
 from vllm_xpu_memfix.cli import main
 from vllm_xpu_memfix.cli.doctor import vllmline
 from vllm_xpu_memfix.startup import codes
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
 CPU_HOST = "gpu = []\n" + B70_HOST.split("[[gpu]]")[0]
 # Qwen3-32B's own context is 40,960 tokens; vLLM refuses a longer one unless
 # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which every llm-scaler image's Dockerfile sets.
@@ -41,12 +40,7 @@ LONG = ("--max-model-len", "65536")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    found = {}
-    for name in ("qwen3-32b", "qwen3-32b-awq"):
-        directory = tmp_path_factory.mktemp(name)
-        shutil.copy(CONFIGS / f"{name}.json", directory / "config.json")
-        found[name] = directory
-    return found
+    return config_models(tmp_path_factory, ("qwen3-32b", "qwen3-32b-awq"))
 
 
 @pytest.fixture

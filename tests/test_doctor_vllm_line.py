@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.config_models import config_models
 from helpers.own_parser import COMMAND, own_parser
 
 from vllm_xpu_memfix.cli import main
@@ -27,18 +27,10 @@ from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 pytest.importorskip("vllm")
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Checkpoint directories holding only a real config.json."""
-    found = {}
-    for name in ("qwen3-32b", "qwen3-32b-awq"):
-        directory = tmp_path_factory.mktemp(name)
-        shutil.copy(CONFIGS / f"{name}.json", directory / "config.json")
-        found[name] = directory
-    return found
+    return config_models(tmp_path_factory, ("qwen3-32b", "qwen3-32b-awq"))
 
 
 def doctor(*argv: str, text: bool = False) -> Any:
