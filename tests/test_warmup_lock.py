@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,39 +39,84 @@ def max_overlap(intervals: list[list[float]]) -> int:
     return best
 
 
-def race(tmp_path: Path, **env: str) -> list[list[float]]:
-    pytest.importorskip("vllm")
-    result = subprocess.run(
-        [sys.executable, str(HELPERS / "warmup_race.py"), "4"],
-        env=base_env(tmp_path / "locks", **env),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+class Racer:
+    """``helpers/warmup_race.py``, started on the first race: one vLLM import serves the
+    module's races, each in freshly forked engine processes with that race's variables."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+
+    def race(self, tmp_path: Path, engines: int = 1, ranks: int = 4, **env: str) -> list:
+        pytest.importorskip("vllm")
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                [sys.executable, str(HELPERS / "warmup_race.py")],
+                env={k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_MEMFIX")},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert self._answer(180) == "ready"
+        request = {"env": {"VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / "locks"), **env}}
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({**request, "engines": engines, "ranks": ranks}) + "\n")
+        self.process.stdin.flush()
+        answer = self._answer(180)
+        assert not isinstance(answer, dict), answer["error"]
+        return answer
+
+    def _answer(self, timeout_s: float) -> object:
+        assert self.process is not None and self.process.stdout is not None
+        readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        line = self.process.stdout.readline() if readable else ""
+        if not line:
+            self.close()
+            pytest.fail(f"the warm-up race gave no answer within {timeout_s:.0f} s")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
 
 
-def test_one_slot_serialises_the_real_qwen_warmup(tmp_path):
-    intervals = race(tmp_path)
+@pytest.fixture(scope="module")
+def racer() -> Iterator[Racer]:
+    started = Racer()
+    yield started
+    started.close()
+
+
+def race(racer: Racer, tmp_path: Path, **env: str) -> list[list[float]]:
+    """Four ranks of one engine racing for the warm-up."""
+    (intervals,) = racer.race(tmp_path, **env)
+    return intervals
+
+
+def test_one_slot_serialises_the_real_qwen_warmup(racer, tmp_path):
+    intervals = race(racer, tmp_path)
     assert len(intervals) == 4
     assert max_overlap(intervals) == 1
 
 
-def test_two_slots_let_two_run_at_once(tmp_path):
-    assert max_overlap(race(tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")) <= 2
+def test_two_slots_let_two_run_at_once(racer, tmp_path):
+    assert max_overlap(race(racer, tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")) <= 2
     # Whether two did overlap is the scheduler's; that a free second slot is taken while
     # another process holds the first is the lock's.
     assert not _gave_up_beside_a_holder(tmp_path, VLLM_XPU_MEMFIX_WARMUP_SLOTS="2")
 
 
-def test_with_the_fix_off_nothing_queues(tmp_path):
+def test_with_the_fix_off_nothing_queues(racer, tmp_path):
     """Off, four real warm-ups run while another process holds the only slot for good
     (with the lock on they would wait for it: a hang, which race()'s time limit catches)."""
     holder = start_holder(tmp_path / "locks", "warmup")
     try:
         intervals = race(
-            tmp_path, VLLM_XPU_MEMFIX_WARMUP_LOCK="off", VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S="86400"
+            racer,
+            tmp_path,
+            VLLM_XPU_MEMFIX_WARMUP_LOCK="off",
+            VLLM_XPU_MEMFIX_WARMUP_TIMEOUT_S="86400",
         )
     finally:
         holder.kill()
@@ -152,26 +199,10 @@ def test_time_out_proceeds_without_the_lock_and_names_the_holder(tmp_path, caplo
         holder.wait()
 
 
-def test_three_instances_share_the_host_scope_without_deadlock(tmp_path):
+def test_three_instances_share_the_host_scope_without_deadlock(racer, tmp_path):
     """Three engines (distinct parents, so distinct instance keys) still queue on one host lock."""
-    pytest.importorskip("vllm")  # warmup_race.py patches vLLM's kernel_warmup module
-    code = (
-        "import json, subprocess, sys\n"
-        "p = subprocess.run([sys.executable, sys.argv[1], '1'], capture_output=True, text=True)\n"
-        "print(p.stdout.strip().splitlines()[-1] if p.returncode == 0 else p.stderr)\n"
-    )
-    env = base_env(tmp_path / "locks", VLLM_XPU_MEMFIX_WARMUP_SCOPE="host")
-    engines = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(HELPERS / "warmup_race.py")],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
-    outputs = [engine.communicate(timeout=180)[0] for engine in engines]
-    intervals = [json.loads(out.strip().splitlines()[-1])[0] for out in outputs]
+    engines = racer.race(tmp_path, engines=3, ranks=1, VLLM_XPU_MEMFIX_WARMUP_SCOPE="host")
+    intervals = [interval for (interval,) in engines]
     assert len(intervals) == 3
     assert max_overlap(intervals) == 1
 
