@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import cpu_isa
 from test_doctor_phases import machine as host_file
 from test_startup import B60, B70, GiB, machine
 
@@ -68,35 +69,46 @@ def model_dir(root: Path, name: str, pooling: bool) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """vLLM's resolved configuration of each family, built once."""
-    pytest.importorskip("vllm")
+def build_as(directory: Path, isa: str | None):
+    """vLLM's resolved configuration of the model in ``directory``, with its CPU platform
+    seeing a CPU of class ``isa`` (helpers/cpu_isa.py); None: this CPU, but with the state
+    dtype pinned as XPU keeps it (``_as_xpu_keeps_the_state_dtype``)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.models import registry
 
-    root = tmp_path_factory.mktemp("families")
-    found = {}
     with pytest.MonkeyPatch.context() as env:
         # Keep this plugin's register() out (EngineArgs loads vLLM's plugins).
         env.setenv("VLLM_PLUGINS", "none")
         # vLLM inspects each architecture in a new interpreter, to keep CUDA out of this
         # one; on the CPU build the same inspection runs here, without that start-up.
         env.setattr(registry, "_run_in_subprocess", lambda inspect: inspect())
-        _as_xpu_keeps_the_state_dtype(env)
-        for name, pooling in FAMILIES.items():
-            directory = model_dir(root, name, pooling)
-            args = EngineArgs(model=str(directory), skip_tokenizer_init=True)
-            found[name] = (directory, args.create_engine_config())
+        if isa is None:
+            _as_xpu_keeps_the_state_dtype(env)
+        else:
+            cpu_isa.force(env, isa)
+        return EngineArgs(model=str(directory), skip_tokenizer_init=True).create_engine_config()
+
+
+@pytest.fixture(scope="module", params=[None, "avx2"], ids=["this-cpu", "avx2-only"])
+def built(request, tmp_path_factory):
+    """vLLM's resolved configuration of each family, built once as this CPU and once as an
+    AVX2-only one, where vLLM's CPU platform takes other paths (DeepSeek's MLA blocks)."""
+    pytest.importorskip("vllm")
+    root = tmp_path_factory.mktemp("families")
+    found = {}
+    for name, pooling in FAMILIES.items():
+        directory = model_dir(root, name, pooling)
+        found[name] = (directory, build_as(directory, request.param))
     return found
 
 
 def _as_xpu_keeps_the_state_dtype(env: pytest.MonkeyPatch) -> None:
-    """Pin the one answer of vLLM's CPU platform that depends on this CPU: with AVX-512 BF16
-    (vllm/platforms/cpu.py ``check_and_update_config``, 0.32.0) it stores the mamba SSM state
-    as float32 for its accelerated GDN kernel and sets the conv-state layout variable. XPU's
-    platform keeps the model's dtype, as config.json's rules do; so does the CPU platform
-    without BF16. Pinned here so the layout is the same on every x86-64 CPU (issue 58)."""
+    """Pin the one answer of vLLM's CPU platform on this CPU that XPU's does not share: with
+    AVX-512 BF16 (vllm/platforms/cpu.py ``check_and_update_config``, 0.32.0) it stores the
+    mamba SSM state as float32 for its accelerated GDN kernel and sets the conv-state layout
+    variable. XPU's platform keeps the model's dtype, as config.json's rules do; so does the
+    CPU platform without BF16. Pinned here so the layout is the same on every x86-64 CPU
+    (issue 58)."""
     import torch
 
     env.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
@@ -110,28 +122,34 @@ def test_on_an_avx512_bf16_cpu_vllm_stores_the_ssm_state_as_float32_and_xpu_woul
     linear-attention state of Qwen3-Next grows by the recurrent state's float32 bytes, which
     config.json's rules (the XPU answer) do not take."""
     pytest.importorskip("vllm")
-    import torch
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.models import registry
-
     directory = model_dir(tmp_path, "qwen3-next-80b-a3b", False)
     states = {}
-    for bf16 in (False, True):
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("VLLM_PLUGINS", "none")
-            env.setattr(registry, "_run_in_subprocess", lambda inspect: inspect())
-            env.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda bf16=bf16: bf16)
-            env.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
-            config = EngineArgs(model=str(directory), skip_tokenizer_init=True)
-            built_here = config.create_engine_config()
-            (state,) = [
-                g for g in kv_layout.from_vllm(built_here).layers if g.kind == kv_layout.STATE
-            ]
-            states[bf16] = state.state_bytes
+    for isa in ("avx2", "avx512_bf16"):
+        built_here = build_as(directory, isa)
+        (state,) = [g for g in kv_layout.from_vllm(built_here).layers if g.kind == kv_layout.STATE]
+        states[isa] = state.state_bytes
     hand = hand_layout(directory, built_here)
     (by_rules,) = [g for g in hand.layers if g.kind == kv_layout.STATE]
-    assert states[False] == by_rules.state_bytes
-    assert states[True] > states[False]
+    assert states["avx2"] == by_rules.state_bytes
+    assert states["avx512_bf16"] > states["avx2"]
+
+
+def test_mla_blocks_are_amxs_128_or_the_reference_mlas_16_and_the_layout_takes_either(tmp_path):
+    """The other answer of vLLM's CPU platform that depends on the CPU: with AMX tiles it
+    runs DeepSeek's MLA on its AMX backend at the default block of 128, without them on the
+    reference CPU MLA at 16 (``check_and_update_config``, 0.32.0). The layout read from vLLM
+    carries the block it resolved; a token costs the same."""
+    pytest.importorskip("vllm")
+    directory = model_dir(tmp_path, "deepseek-v2-lite", False)
+    blocks, token_bytes = {}, {}
+    for isa in cpu_isa.ISAS:
+        config = build_as(directory, isa)
+        layout = kv_layout.from_vllm(config)
+        blocks[isa] = (config.cache_config.block_size, layout.block_size)
+        token_bytes[isa] = layout.per_token(1, 2)
+    amx_or_not = {isa: (128, 128) if amx else (16, 16) for isa, (*_, amx) in cpu_isa.ISAS.items()}
+    assert blocks == amx_or_not
+    assert len(set(token_bytes.values())) == 1
 
 
 def element_bytes(vllm_config) -> int:
