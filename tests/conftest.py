@@ -28,6 +28,14 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("small-model"), SMALL)
 
 
+@pytest.fixture(scope="session")
+def built_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(sdist, wheel) of this checkout, built once for the tests that read or install them."""
+    from helpers.release_build import build_release
+
+    return build_release(tmp_path_factory.mktemp("release"))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def ledger_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The plugin's default ledger directory is under $XDG_CACHE_HOME: every process the

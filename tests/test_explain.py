@@ -4,13 +4,10 @@ installed package (a wheel's data, not the repository), and bad input is one lin
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
-
-import pytest
 
 from vllm_xpu_memfix.cli import explain
 from vllm_xpu_memfix.startup import codes
@@ -90,33 +87,10 @@ def test_explain_alone_lists_every_code():
     assert listed == [*codes.CAUSES, *codes.REMEDIES]
 
 
-def test_a_built_wheel_carries_the_guide_and_explains_and_reports_from_it(tmp_path):
-    """Built from a copy of the repository, then run from the wheel file itself (zipimport):
-    the entry comes from the wheel's data through importlib.resources."""
-    pytest.importorskip("setuptools")
-    source = tmp_path / "source"
-    skip = shutil.ignore_patterns(
-        ".git", "tests", "benchmarks", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"
-    )
-    shutil.copytree(ROOT, source, symlinks=False, ignore=skip)
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path / "dist"),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (tmp_path / "dist").glob("vllm_xpu_memfix-*.whl")
+def test_a_built_wheel_carries_the_guide_and_explains_and_reports_from_it(built_release, tmp_path):
+    """The release's wheel, run from the wheel file itself (zipimport): the entry comes from
+    the wheel's data through importlib.resources."""
+    _, wheel = built_release
     with zipfile.ZipFile(wheel) as archive:
         shipped = archive.read(f"vllm_xpu_memfix/{explain.GUIDE}").decode()
     assert shipped == explain.guide_text()

@@ -1,9 +1,8 @@
 """The release: what the sdist and wheel carry, one version, and the Dockerfile's install step.
 
-The sdist and the wheel are built here as ``python -m build`` builds them (the wheel from the
-unpacked sdist), through setuptools' PEP 517 hooks in the test bed, from a copy of the files
-git would commit. ``make release-check`` runs the rest: ``twine check``, the clean venv, and
-a real vLLM server with the wheel's copy.
+The sdist and the wheel are built once for the session (conftest's ``built_release``,
+helpers/release_build.py), as ``python -m build`` builds them. ``make release-check`` runs
+the rest: ``twine check``, the clean venv, and a real vLLM server with the wheel's copy.
 """
 
 from __future__ import annotations
@@ -34,47 +33,16 @@ import release_check  # noqa: E402
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _hook(hook: str, source: Path, out: Path) -> Path:
-    """setuptools' PEP 517 ``hook`` run in ``source``; the file it wrote into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    code = f"from setuptools import build_meta as b; print(b.{hook}({str(out)!r}))"
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=source, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out / done.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(sdist, wheel) of the files git would commit here."""
-    tmp = tmp_path_factory.mktemp("release")
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split("\0")  # fmt: skip
-    source = tmp / "checkout"
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    sdist = _hook("build_sdist", source, tmp / "dist")
-    with tarfile.open(sdist) as archive:
-        archive.extractall(tmp / "unpacked", filter="data")
-    (unpacked,) = (tmp / "unpacked").iterdir()
-    return sdist, _hook("build_wheel", unpacked, tmp / "dist")
-
-
-def test_the_sdist_and_the_wheel_carry_the_licence_the_version_and_no_tests(built):
-    sdist, wheel = built
+def test_the_sdist_and_the_wheel_carry_the_licence_the_version_and_no_tests(built_release):
+    sdist, wheel = built_release
     version = vllm_xpu_memfix.__version__
     assert wheel.name == f"vllm_xpu_memfix-{version}-py3-none-any.whl"
     assert release_check.wheel_problems(wheel, version) == []
     assert release_check.sdist_problems(sdist, version) == []
 
 
-def test_the_checks_see_what_a_release_lacks(built, tmp_path):
-    sdist, wheel = built
+def test_the_checks_see_what_a_release_lacks(built_release, tmp_path):
+    sdist, wheel = built_release
     version = vllm_xpu_memfix.__version__
     stripped = tmp_path / wheel.name
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(stripped, "w") as target:
@@ -151,11 +119,11 @@ def test_the_dockerfile_names_exactly_the_plugins_dependencies():
     ]
 
 
-def test_the_dockerfile_install_step_runs_on_the_test_beds_python(built, tmp_path):
+def test_the_dockerfile_install_step_runs_on_the_test_beds_python(built_release, tmp_path):
     """The image's environment stood in for by a venv layered on the test bed (vLLM, torch,
     psutil and wrapt present); the RUN line runs as written, with its Python and wheel
     directory pointed there. Only the plugin lands; nothing of the test bed changes."""
-    _, wheel = built
+    _, wheel = built_release
     copy_to, command = _dockerfile_install()
     image_tmp = tmp_path / "image-tmp"
     image_tmp.mkdir()
