@@ -203,7 +203,7 @@ class Sampler:
                 name = _allowed(proc.name, "unknown")
             except psutil.NoSuchProcess:  # and zombies: exited after listing
                 continue
-            snap = self.reader.take(proc.pid, pss=False)
+            snap = self.reader.take(proc.pid, pss=False, system=False)
             if snap.gone:  # exited between listing and reading
                 continue
             role = role_of(cmdline)

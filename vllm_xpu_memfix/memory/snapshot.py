@@ -234,7 +234,8 @@ def gpu_active(meminfo: Mapping[str, int], vmstat_text: str | None) -> int | Non
     ``nr_gpu_active`` pages; ``None`` on a kernel with neither."""
     if "GPUActive" in meminfo:
         return meminfo["GPUActive"]
-    pages = parse_vmstat(vmstat_text).get("nr_gpu_active") if vmstat_text else None
+    counted = vmstat_text is not None and "nr_gpu_active" in vmstat_text
+    pages = parse_vmstat(vmstat_text or "").get("nr_gpu_active") if counted else None
     return None if pages is None else pages * PAGE_SIZE
 
 
@@ -417,18 +418,19 @@ class ProcReader:
         rollup = self._keys("proc", pid, "smaps_rollup")
         return anon_pss(rollup.get("Pss_Anon"), rollup.get("Pss_Shmem"))
 
-    def take(self, pid: int | str = "self", pss: bool = True) -> Snapshot:
+    def take(self, pid: int | str = "self", pss: bool = True, system: bool = True) -> Snapshot:
         """Read every figure; ``pss=False`` skips ``smaps_rollup``, whose cost grows with RSS
-        (about 10 ms per GiB mapped), leaving the Pss fields ``None``."""
+        (about 10 ms per GiB mapped), leaving the Pss fields ``None``; ``system=False`` skips
+        the system's and the cgroup's figures (a sampler of many processes reads them once)."""
         pid_s = str(pid)
         files = ProcessFiles(self, pid_s)
         status_text = files.read("status")
         status = parse_key_sizes(status_text) if status_text is not None else {}
         rollup_text = files.read("smaps_rollup") if pss else None
         rollup = parse_key_sizes(rollup_text) if rollup_text is not None else {}
-        cgroup = self._cgroup_memory(files)
+        cgroup = self._cgroup_memory(files) if system else CgroupMemory()
         drm = self._drm_usage(files)
-        meminfo = self.meminfo()
+        meminfo = self.meminfo() if system else {}
         return Snapshot(
             ts=time.time(),
             pid=os.getpid() if pid_s == "self" else int(pid_s),
@@ -450,7 +452,7 @@ class ProcReader:
             swap_free=meminfo.get("SwapFree"),
             cgroup_current=cgroup.usage,
             cgroup_max=cgroup.limit,
-            gpu_active=gpu_active(meminfo, self._read("proc", "vmstat")),
+            gpu_active=gpu_active(meminfo, self._read("proc", "vmstat")) if system else None,
             drm=drm,
             gone=files.gone,
             denied=tuple(files.denied),
