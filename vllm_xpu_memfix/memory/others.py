@@ -93,11 +93,12 @@ class OtherProcesses:
         self.kernel_threads.intersection_update(listed)
         by_pid: dict[int, int] = {}
         refused = 0
+        proc = self.reader.root / "proc"
         for pid in listed:
             if pid in tree or pid in self.kernel_threads:
                 continue
             try:
-                text = self.reader.read_text(self.reader.root / "proc" / str(pid) / "status")
+                text = self.reader.read_text(proc / f"{pid}/status")
             except OSError as error:
                 refused += error.errno in (errno.EACCES, errno.EPERM)
                 continue

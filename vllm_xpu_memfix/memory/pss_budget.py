@@ -20,10 +20,11 @@ from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory.snapshot import ProcReader, anon_pss, parse_key_sizes
 
 # The share of one core the PSS reads may take, averaged over time.
-SHARE = 0.01
+SHARE = 0.005
 # A reading is renewed once the process's RSS moved this much, or it is this old.
 MOVED = 32 * MiB
 REFRESH_S = 10.0
+_ROLLUP_KEYS = frozenset({"Pss", "Pss_Anon", "Pss_Shmem"})
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class PssCache:
             self.credit -= cost
             self.spent_s += cost
             self.reads += 1
-        rollup = parse_key_sizes(text)
+        rollup = parse_key_sizes(text, _ROLLUP_KEYS)
         return _Reading(
             rollup.get("Pss"),
             anon_pss(rollup.get("Pss_Anon"), rollup.get("Pss_Shmem")),

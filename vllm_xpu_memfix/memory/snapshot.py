@@ -31,7 +31,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,8 @@ _UNITS = {"": 1, "b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2,
 # cgroup v1 reports "no limit" as a page-aligned LONG_MAX.
 _V1_UNLIMITED = 1 << 62
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# The lines of /proc/<pid>/status a snapshot keeps.
+STATUS_KEYS = frozenset({"RssAnon", "RssFile", "RssShmem", "VmHWM", "VmSwap"})
 _DIGITS = re.compile(r"[0-9]{1,20}", re.ASCII)
 
 
@@ -61,16 +63,18 @@ def parse_size(text: str) -> int | None:
     return None if factor is None else count * factor
 
 
-def parse_key_sizes(text: str) -> dict[str, int]:
-    """``Key:   value [unit]`` lines (status, smaps_rollup, meminfo) -> bytes per key."""
+def parse_key_sizes(text: str, keys: Collection[str] | None = None) -> dict[str, int]:
+    """``Key:   value [unit]`` lines (status, smaps_rollup, meminfo) -> bytes per key; only
+    ``keys`` where given (a sampler reading many processes parses what it keeps)."""
     values: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
-        if not sep:
+        key = key.strip()
+        if not sep or (keys is not None and key not in keys):
             continue
         size = parse_size(rest)
         if size is not None:
-            values[key.strip()] = size
+            values[key] = size
     return values
 
 
@@ -425,7 +429,7 @@ class ProcReader:
         pid_s = str(pid)
         files = ProcessFiles(self, pid_s)
         status_text = files.read("status")
-        status = parse_key_sizes(status_text) if status_text is not None else {}
+        status = parse_key_sizes(status_text, STATUS_KEYS) if status_text is not None else {}
         rollup_text = files.read("smaps_rollup") if pss else None
         rollup = parse_key_sizes(rollup_text) if rollup_text is not None else {}
         cgroup = self._cgroup_memory(files) if system else CgroupMemory()
