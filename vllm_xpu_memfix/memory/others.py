@@ -106,6 +106,8 @@ class OtherProcesses:
             if rss is None:
                 self.kernel_threads.add(pid)
                 continue
+            if pid not in self.cache.parents:
+                self.cache.born(pid, _field(text, "PPid:") or 0)
             pss = self.cache.get(pid, *rss)
             by_pid[pid] = rss[1] if pss.anon_pss is None else pss.anon_pss
         unseen = [*self.limits, *([f"{refused} process(es) refused"] if refused else [])]
