@@ -223,6 +223,9 @@ class RecordedProcess:
     def name(self) -> str:
         return self.title[:15]
 
+    def ppid(self) -> int:
+        return 1  # the constructed trees record no parent
+
 
 def monitor_recorded(scenario, csv_path):
     """monitor's CSV of one constructed tree: a sample at process start, one at ready."""
