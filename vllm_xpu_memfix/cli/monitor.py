@@ -201,9 +201,11 @@ class Sampler:
             try:
                 cmdline: list[str] = _allowed(proc.cmdline, [])
                 name = _allowed(proc.name, "unknown")
+                if proc.pid not in self.pss.parents:
+                    self.pss.born(proc.pid, _allowed(proc.ppid, 0))
             except psutil.NoSuchProcess:  # and zombies: exited after listing
                 continue
-            snap = self.reader.take(proc.pid, pss=False)
+            snap = self.reader.take(proc.pid, pss=False, system=False)
             if snap.gone:  # exited between listing and reading
                 continue
             role = role_of(cmdline)

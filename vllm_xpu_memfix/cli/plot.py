@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -259,10 +261,15 @@ def draw_phase_marks(fig: Any, ax: Any, marks: list[tuple[float, str]]) -> list[
     return placed
 
 
-def plot(
-    csv_path: Path, out: Path, ledger_dir: Path | None = None, skipped: Skipped | None = None
-) -> Path:
-    """Draw ``csv_path`` into ``out`` (see :func:`output_path`); returns the file written."""
+def sampling_interval(system: list[dict[str, Any]]) -> float:
+    """The median time between the CSV's samples (s); 0 for a single sample."""
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(system)]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def figure(csv_path: Path, ledger_dir: Path | None = None, skipped: Skipped | None = None) -> Any:
+    """The matplotlib figure of ``csv_path``, with the phases of ``ledger_dir`` marked in the
+    samples' clock; phases closer than one sampling interval share a mark."""
     try:
         import matplotlib
 
@@ -270,7 +277,6 @@ def plot(
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotError("plot needs matplotlib: pip install 'vllm-xpu-memfix[plot]'") from None
-    out = output_path(out)
     processes, system = read_monitor_csv(csv_path, skipped)
     times = [s["t"] for s in system]
     # Align every process on the system rows' sample times (a process is 0 before it starts).
@@ -293,8 +299,19 @@ def plot(
     fig.tight_layout()
     if ledger_dir is not None:
         t0 = system[0]["ts"] - system[0]["t"]
-        marks = [(ts - t0, name) for ts, name in read_ledger_phases(ledger_dir, skipped=skipped)]
-        draw_phase_marks(fig, ax, marks)
+        phases = read_ledger_phases(ledger_dir, sampling_interval(system), skipped)
+        draw_phase_marks(fig, ax, [(ts - t0, name) for ts, name in phases])
+    return fig
+
+
+def plot(
+    csv_path: Path, out: Path, ledger_dir: Path | None = None, skipped: Skipped | None = None
+) -> Path:
+    """Draw ``csv_path`` into ``out`` (see :func:`output_path`); returns the file written."""
+    out = output_path(out)
+    fig = figure(csv_path, ledger_dir, skipped)
+    import matplotlib.pyplot as plt
+
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=DPI)

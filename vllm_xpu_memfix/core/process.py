@@ -8,6 +8,7 @@ import re
 import secrets
 import socket
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
@@ -148,15 +149,15 @@ def start_time(pid: int) -> str | None:
 
 
 def began_at(pid: int | None = None) -> float | None:
-    """When process ``pid`` (this one where None) started, in epoch seconds, to about a
-    second (/proc/stat's boot time is whole seconds); None where /proc cannot say."""
+    """When process ``pid`` (this one where None) started, in epoch seconds, to a clock
+    tick; None where /proc cannot say. The kernel counts a process's start in ticks of
+    CLOCK_BOOTTIME (proc(5)); the boot's epoch is taken from that clock, not from
+    /proc/stat's ``btime``, which is whole seconds (up to a second early)."""
     ticks = start_time(os.getpid() if pid is None else pid)
-    try:
-        stat = files.read_bytes("/proc/stat", files.ATTRIBUTE_CAP).decode("ascii", "replace")
-        boot = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("btime "))
-        return boot + int(ticks or "") / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+    if ticks is None or not ticks.isdigit():
         return None
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def instance_token() -> str:

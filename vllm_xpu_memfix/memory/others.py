@@ -93,11 +93,12 @@ class OtherProcesses:
         self.kernel_threads.intersection_update(listed)
         by_pid: dict[int, int] = {}
         refused = 0
+        proc = self.reader.root / "proc"
         for pid in listed:
             if pid in tree or pid in self.kernel_threads:
                 continue
             try:
-                text = self.reader.read_text(self.reader.root / "proc" / str(pid) / "status")
+                text = self.reader.read_text(proc / f"{pid}/status")
             except OSError as error:
                 refused += error.errno in (errno.EACCES, errno.EPERM)
                 continue
@@ -105,6 +106,8 @@ class OtherProcesses:
             if rss is None:
                 self.kernel_threads.add(pid)
                 continue
+            if pid not in self.cache.parents:
+                self.cache.born(pid, _field(text, "PPid:") or 0)
             pss = self.cache.get(pid, *rss)
             by_pid[pid] = rss[1] if pss.anon_pss is None else pss.anon_pss
         unseen = [*self.limits, *([f"{refused} process(es) refused"] if refused else [])]

@@ -6,12 +6,15 @@ would take more than the core. :class:`PssCache` reads it when a process is firs
 then again only when the process's RSS (from ``status``, a few microseconds) has moved
 or its reading has aged, and only while the reads have spent less than ``share`` of the
 wall time. Between reads a process's PSS is carried forward by its RSS change: new
-private pages count in full in both.
+private pages count in full in both. A fork or an exit moves the shares of pages the parent
+and the child had in common without moving the parent's RSS; the parent's reading is then
+renewed first (:meth:`PssCache.born`, :meth:`PssCache.keep_only`).
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,10 +23,11 @@ from vllm_xpu_memfix.core.units import MiB
 from vllm_xpu_memfix.memory.snapshot import ProcReader, anon_pss, parse_key_sizes
 
 # The share of one core the PSS reads may take, averaged over time.
-SHARE = 0.01
+SHARE = 0.005
 # A reading is renewed once the process's RSS moved this much, or it is this old.
 MOVED = 32 * MiB
 REFRESH_S = 10.0
+_ROLLUP_KEYS = frozenset({"Pss", "Pss_Anon", "Pss_Shmem"})
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,14 @@ class PssCache:
         self.last = clock()
         self.spent_s = 0.0
         self.reads = 0
+        self.ticks = 0
+        # The parent of each process seen (see born()).
+        self.parents: dict[int, int] = {}
 
     def tick(self) -> None:
         """Accrue the budget for the time since the last tick (once per sample)."""
         now = self.clock()
+        self.ticks += 1
         self.credit = min(self.credit + self.share * (now - self.last), self.share * self.refresh_s)
         self.last = now
 
@@ -108,7 +116,7 @@ class PssCache:
             self.credit -= cost
             self.spent_s += cost
             self.reads += 1
-        rollup = parse_key_sizes(text)
+        rollup = parse_key_sizes(text, _ROLLUP_KEYS)
         return _Reading(
             rollup.get("Pss"),
             anon_pss(rollup.get("Pss_Anon"), rollup.get("Pss_Shmem")),
@@ -117,8 +125,24 @@ class PssCache:
             self.clock(),
         )
 
+    def born(self, pid: int, parent: int) -> None:
+        """``pid`` is seen for the first time, a child of ``parent``: after the first sample,
+        ``parent``'s reading is renewed as soon as the budget allows."""
+        if pid not in self.parents:
+            self.parents[pid] = parent
+            if self.ticks > 1:
+                self._expire(parent)
+
+    def _expire(self, pid: int) -> None:
+        reading = self.readings.get(pid)
+        if reading is not None:
+            reading.at = -math.inf
+
     def keep_only(self, pids: Iterable[int]) -> None:
-        """Forget the processes not in ``pids`` (gone), so a reused pid starts afresh."""
+        """Forget the processes not in ``pids`` (gone), so a reused pid starts afresh; their
+        parents' readings are renewed as soon as the budget allows."""
         alive = set(pids)
+        for gone in self.parents.keys() - alive:
+            self._expire(self.parents.pop(gone))
         self.readings = {p: r for p, r in self.readings.items() if p in alive}
         self.refused &= alive

@@ -31,7 +31,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,8 @@ _UNITS = {"": 1, "b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2,
 # cgroup v1 reports "no limit" as a page-aligned LONG_MAX.
 _V1_UNLIMITED = 1 << 62
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# The lines of /proc/<pid>/status a snapshot keeps.
+STATUS_KEYS = frozenset({"RssAnon", "RssFile", "RssShmem", "VmHWM", "VmSwap"})
 _DIGITS = re.compile(r"[0-9]{1,20}", re.ASCII)
 
 
@@ -61,16 +63,18 @@ def parse_size(text: str) -> int | None:
     return None if factor is None else count * factor
 
 
-def parse_key_sizes(text: str) -> dict[str, int]:
-    """``Key:   value [unit]`` lines (status, smaps_rollup, meminfo) -> bytes per key."""
+def parse_key_sizes(text: str, keys: Collection[str] | None = None) -> dict[str, int]:
+    """``Key:   value [unit]`` lines (status, smaps_rollup, meminfo) -> bytes per key; only
+    ``keys`` where given (a sampler reading many processes parses what it keeps)."""
     values: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
-        if not sep:
+        key = key.strip()
+        if not sep or (keys is not None and key not in keys):
             continue
         size = parse_size(rest)
         if size is not None:
-            values[key.strip()] = size
+            values[key] = size
     return values
 
 
@@ -234,7 +238,8 @@ def gpu_active(meminfo: Mapping[str, int], vmstat_text: str | None) -> int | Non
     ``nr_gpu_active`` pages; ``None`` on a kernel with neither."""
     if "GPUActive" in meminfo:
         return meminfo["GPUActive"]
-    pages = parse_vmstat(vmstat_text).get("nr_gpu_active") if vmstat_text else None
+    counted = vmstat_text is not None and "nr_gpu_active" in vmstat_text
+    pages = parse_vmstat(vmstat_text or "").get("nr_gpu_active") if counted else None
     return None if pages is None else pages * PAGE_SIZE
 
 
@@ -417,18 +422,19 @@ class ProcReader:
         rollup = self._keys("proc", pid, "smaps_rollup")
         return anon_pss(rollup.get("Pss_Anon"), rollup.get("Pss_Shmem"))
 
-    def take(self, pid: int | str = "self", pss: bool = True) -> Snapshot:
+    def take(self, pid: int | str = "self", pss: bool = True, system: bool = True) -> Snapshot:
         """Read every figure; ``pss=False`` skips ``smaps_rollup``, whose cost grows with RSS
-        (about 10 ms per GiB mapped), leaving the Pss fields ``None``."""
+        (about 10 ms per GiB mapped), leaving the Pss fields ``None``; ``system=False`` skips
+        the system's and the cgroup's figures (a sampler of many processes reads them once)."""
         pid_s = str(pid)
         files = ProcessFiles(self, pid_s)
         status_text = files.read("status")
-        status = parse_key_sizes(status_text) if status_text is not None else {}
+        status = parse_key_sizes(status_text, STATUS_KEYS) if status_text is not None else {}
         rollup_text = files.read("smaps_rollup") if pss else None
         rollup = parse_key_sizes(rollup_text) if rollup_text is not None else {}
-        cgroup = self._cgroup_memory(files)
+        cgroup = self._cgroup_memory(files) if system else CgroupMemory()
         drm = self._drm_usage(files)
-        meminfo = self.meminfo()
+        meminfo = self.meminfo() if system else {}
         return Snapshot(
             ts=time.time(),
             pid=os.getpid() if pid_s == "self" else int(pid_s),
@@ -450,7 +456,7 @@ class ProcReader:
             swap_free=meminfo.get("SwapFree"),
             cgroup_current=cgroup.usage,
             cgroup_max=cgroup.limit,
-            gpu_active=gpu_active(meminfo, self._read("proc", "vmstat")),
+            gpu_active=gpu_active(meminfo, self._read("proc", "vmstat")) if system else None,
             drm=drm,
             gone=files.gone,
             denied=tuple(files.denied),
