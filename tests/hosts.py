@@ -135,3 +135,22 @@ def add_tiles(root: Path, card: str, tiles: int) -> Path:
         (dev / f"tile{index}").mkdir()
         (dev / f"tile{index}/physical_vram_size_bytes").write_text(size)
     return root
+
+
+MAX_1550 = (0x8086, 0x0BD5)  # compute-runtime's device_ids_configs_pvc.h (pvcXtDeviceIds)
+
+
+def as_i915(root: Path, card: str, tiles: int) -> Path:
+    """``card`` as i915 shows a Data Center GPU Max: no xe tile directory, its tiles as
+    ``gt/gt0`` ... (compute-runtime's ioctl_helper_i915.cpp reads a sub-device's sysfs under
+    ``/gt/gt<tile>/``), and no VRAM file i915 and xe share: its memory is not read."""
+    card_dir = root / "sys/class/drm" / card
+    dev = card_dir / "device"
+    for tile in dev.glob("tile*"):
+        for entry in tile.iterdir():
+            entry.unlink()
+        tile.rmdir()
+    (dev / "uevent").write_text((dev / "uevent").read_text().replace("DRIVER=xe", "DRIVER=i915"))
+    for index in range(tiles):
+        (card_dir / f"gt/gt{index}").mkdir(parents=True)
+    return root

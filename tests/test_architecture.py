@@ -20,7 +20,7 @@ MAY_IMPORT = {
     "vllm_code": {"core"},
     "memory": {"core"},
     "intel": {"core", "kernels", "memory"},
-    "startup": {"core", "intel", "memory"},
+    "startup": {"core", "vllm_code", "intel", "memory"},
     "fixes": {"core", "vllm_code", "intel", "memory", "kernels", "startup"},
     "cli": {"core", "vllm_code", "intel", "memory", "kernels", "startup", "fixes", "__init__"},
 }

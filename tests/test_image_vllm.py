@@ -1,11 +1,15 @@
-"""The image's vLLM (issue 51, class 5): a host file's image or ``--image`` names the vLLM
-release the start-up will run under (intel.catalog, from llm-scaler's Dockerfiles), and
-``-q`` is checked against that release's methods as recorded from its wheel
-(vllm_code/releases.json); a release not recorded leaves the line judged, said, never
-refused. ``bitsandbytes`` is in vLLM 0.26.0's QuantizationMethods and not in 0.32.0's."""
+"""The image's vLLM (issue 51, class 5; issue 57, "the user's vLLM and platform"): a host
+file's image or ``--image`` names the vLLM release the start-up will run under
+(intel.catalog, from llm-scaler's Dockerfiles); ``-q`` is checked against that release's
+methods, and the format against the methods its XPU platform serves, both as recorded from
+its wheel (vllm_code/releases.json); a release not recorded leaves the line judged, said,
+never refused. ``bitsandbytes`` is in vLLM 0.26.0's QuantizationMethods and not in 0.32.0's;
+``gptq_marlin_24`` in 0.14.0's, not in 0.21.0's. vLLM's XPU platform names the methods it
+serves from 0.27.0 on; before, it serves every method its release has."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +20,7 @@ from test_doctor_host import B70_HOST, doctor, host_file, refused
 from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.cli.doctor import choices
 from vllm_xpu_memfix.intel import catalog
+from vllm_xpu_memfix.startup import formats
 from vllm_xpu_memfix.vllm_code import releases
 
 DATA = Path(__file__).parent / "data"
@@ -81,9 +86,72 @@ def test_a_method_the_images_vllm_lacks_is_refused_as_that_vllm_would(model):
     assert "'nosuch'" in refused(doctor("--image", "0.26.0-b2", "--params", "32.8B", *line))
 
 
-def test_an_image_whose_vllm_is_not_recorded_is_judged_with_that_said(model):
-    out = judged("--image", "0.14.0-b8.2", "--", "vllm", "serve", model, "-q", "nosuch")
-    assert any("vLLM 0.14.0 is not one doctor has recorded" in a for a in out["assumed"])
+def test_a_release_not_recorded_is_assumed_never_refused():
+    """vLLM 0.18.0 (no image serves it) is not recorded: its methods are not checked, and
+    whether its XPU platform serves a format is assumed, never a refusal; the recorded
+    0.32.0 refuses GGUF on XPU, the recorded 0.21.0 serves it."""
+    gguf = formats.Format("gguf", None, True)
+    with releases.judged_for("0.18.0"):
+        assert choices.quantization_names() is None and gguf.xpu_refusal == ""
+        assert "is not one doctor has recorded" in choices.not_checked("nosuch")
+        assert "flags and XPU methods are not recorded" in choices.other_vllm_notes(())[1]
+    with releases.judged_for("0.32.0"):
+        assert "gguf quantization is currently not supported in xpu (vLLM 0.32.0" in (
+            gguf.xpu_refusal
+        )
+    with releases.judged_for("0.21.0"):
+        assert gguf.xpu_refusal == ""
+
+
+def test_the_recorded_xpu_methods_are_the_installed_vllms_own():
+    """The installed release's XPUPlatform.supported_quantization, read here from its own
+    vllm/platforms/xpu.py, is the one recorded; 0.21.0's platform sets none."""
+    installed, root = releases.installed_version(), compat.installed_vllm_root()
+    if installed not in releases.recorded() or root is None:
+        pytest.skip("the installed vLLM is not a recorded release")
+    tree = ast.parse((root / "vllm" / "platforms" / "xpu.py").read_text())
+    (lists,) = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "supported_quantization"
+    ]
+    assert releases.xpu_quantization(installed) == frozenset(lists)
+    assert releases.xpu_quantization("0.21.0") == set(releases.quantization_methods("0.21.0") or ())
+
+
+@pytest.fixture
+def autoround(tmp_path: Path) -> str:
+    """A 4-bit AutoRound checkpoint's config (quant_method "auto-round", as Intel's
+    Qwen3.6-35B-A3B-int4-AutoRound of llm-scaler #210 has it) on Qwen3-32B's shape."""
+    directory = tmp_path / "qwen3-32b-autoround"
+    directory.mkdir()
+    config = json.loads((DATA / "configs" / "qwen3-32b.json").read_text())
+    config["quantization_config"] = {"quant_method": "auto-round", "bits": 4, "group_size": 128}
+    (directory / "config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
+def test_what_intels_021_image_serves_is_judged_for_its_vllm(tmp_path, model, autoround):
+    """Intel's 0.21.0-b2 image runs vLLM 0.21.0, whose XPU platform lists no methods:
+    -q gptq_marlin is served there and refused by 0.32.0's XPU list (this machine's
+    vLLM, judged for an XPU host); an AutoRound checkpoint is INC's in either release (it is
+    sized as its 4 bits, not left unsized)."""
+    host = host_file(tmp_path, B70_HOST)
+    upstream = judged("--host", host, model, "-q", "gptq_marlin")
+    if releases.installed_version() == "0.32.0":
+        assert "not supported in xpu (vLLM 0.32.0" in upstream["why"]
+    image = judged("--host", host, "--image", "0.21.0-b2", model, "-q", "gptq_marlin")
+    assert "not supported in xpu" not in image["why"] and image["verdict"] != "will fail"
+    rounded = judged("--host", host, "--image", "0.21.0-b2", autoround)
+    assert rounded["verdict"] == "fits" and "auto-round 4-bit, group 128" in str(rounded["model"])
+
+
+def test_the_recorded_release_keeps_the_q_check_in_the_fallback(model):
+    """Without vLLM's parser (another release), -q is still checked against the release's
+    recorded methods: exit 2 naming them, where the release lacks the method."""
+    line = ("--", "vllm", "serve", model, "-q", "gptq_marlin_24")
+    assert "'gptq_marlin_24'" in refused(doctor("--image", "0.21.0-b2", "--params", "32.8B", *line))
+    assert judged("--image", "0.14.0-b8.2", *line)["verdict"]
 
 
 def test_an_image_not_in_the_table_is_one_line():

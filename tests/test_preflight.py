@@ -343,6 +343,11 @@ def _refuse(host: Path, **extra: str) -> dict[str, str]:
     return {"VLLM_XPU_MEMFIX_SYSROOT": str(host), config.PREFLIGHT.env: "refuse", **extra}
 
 
+def _details(records: Records) -> dict:
+    debug = [line for line in records.lines() if "preflight json" in line]
+    return json.loads("".join(line.split(": ", 1)[1] for line in debug))
+
+
 def _line(records: Records) -> str:
     (line,) = [line for line in records.lines(logging.INFO) if line.startswith(LINE)]
     assert len(line) <= 320
@@ -415,6 +420,43 @@ def test_two_tiles_are_two_devices_under_the_flat_hierarchy(
     assert "tp_exceeds_gpus" not in _line(records)
     monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
     with pytest.raises(preflight.PreflightRefused, match=r"tp_exceeds_gpus.*1x Arc Pro B70, 64"):
+        engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
+
+
+def test_a_27b_bf16_with_30_gib_offloaded_starts_on_one_b70(
+    b70_27b, monkeypatch, records, clean_env
+):
+    """Issue 57 class 9: the 27B BF16 on one B70 with --cpu-offload-gb 30. vLLM's UVA
+    offloader keeps 30 GiB of the weights in pinned host memory (vllm/model_executor/
+    offloader/uva.py, 0.32.0): the device holds the rest, the host holds the 30 GiB, and
+    refuse lets it start."""
+    host, model = b70_27b
+    with pytest.raises(preflight.PreflightRefused, match="at load on the device"):
+        engine_config(model, _refuse(host), monkeypatch)  # without the offload
+    whole = _details(records)["phases"]["load"]["device_gib"]
+    records.records.clear()
+    engine_config(model, _refuse(host), monkeypatch, cpu_offload_gb=30)
+    details = _details(records)
+    assert details["verdict"] == "fits", details["why"]
+    load = details["phases"]["load"]
+    assert load["device_gib"] == pytest.approx(whole - 30, abs=0.01)
+    assert load["host_gib"] >= 30
+
+
+def test_a_two_tile_max_1550_on_i915_is_two_devices_and_tp_2_starts(
+    tiny_model, tmp_path, monkeypatch, records, clean_env
+):
+    """Issue 57 class 9: a Data Center GPU Max 1550 on i915, FLAT (Level Zero's default on
+    it: gfx_core_helper_xe_hpc_core.cpp), TP 2. i915 shows its tiles as gt/gt0 and gt/gt1,
+    not xe's tile directories: two devices, so refuse lets it start."""
+    from hosts import MAX_1550, as_i915
+
+    host = as_i915(build_host(tmp_path / "host", [MAX_1550]), "card1", 2)
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "FLAT")
+    engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
+    assert "tp_exceeds_gpus" not in _line(records)
+    monkeypatch.setenv("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")
+    with pytest.raises(preflight.PreflightRefused, match="tp_exceeds_gpus"):
         engine_config(tiny_model, _refuse(host), monkeypatch, tensor_parallel_size=2)
 
 

@@ -21,6 +21,7 @@ from vllm_xpu_memfix.cli.doctor import serveline
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError, read_checkpoint
 from vllm_xpu_memfix.startup import codes, formats, phases, remedies, resizing, sizing
 from vllm_xpu_memfix.startup.known import Source
+from vllm_xpu_memfix.vllm_code import releases
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 # Parameters of each checkpoint, from its model card.
@@ -93,7 +94,7 @@ def test_every_method_of_vllms_quantization_registry_is_sized_or_said_unknown():
     assert known | from_config | unsized >= set(registry.QUANTIZATION_METHODS)
     for method in known:
         assert 0.4 < sized[method] <= 1.1, method  # never taken as 16-bit
-    assert set(registry.QUANTIZATION_METHODS) >= formats.XPU_SUPPORTED
+    assert set(registry.QUANTIZATION_METHODS) >= (releases.xpu_quantization("0.32.0") or {""})
 
 
 def test_an_unknown_method_is_sized_from_4_bit_to_16_bit(tmp_path):

@@ -167,15 +167,23 @@ def intel_gpus(sysroot: Path) -> list[Gpu]:
             continue
         slot = (_read(card / "device/uevent") or "").partition("PCI_SLOT_NAME=")[2].split("\n")[0]
         vram = _vram_bytes(card / "device/tile0/physical_vram_size_bytes")
-        gpus.append(Gpu(card.name, device, slot.strip() or card.name, vram, _tiles(card)))
+        gpu = Gpu(card.name, device, slot.strip() or card.name, vram)
+        gpus.append(gpu if gpu.integrated else replace(gpu, tiles=_tiles(card)))
     return sorted(gpus, key=lambda g: (g.integrated, g.pci_slot))
 
 
 def _tiles(card: Path) -> int:
-    """xe's ``tileN`` directories of a card, counted up from tile1 (one stat for the
-    usual single tile); at least one."""
+    """A card's tiles, counted up from the second (one stat for the usual single tile): xe's
+    ``device/tileN``, else i915's ``gt/gtN`` (a two-tile Data Center GPU Max on i915 has
+    gt0 and gt1 and no tile directory). compute-runtime names a sub-device's sysfs so:
+    ``/device/tileN/`` in ioctl_helper_xe.cpp, ``/gt/gtN/`` in ioctl_helper_i915.cpp. A GPU
+    on the root complex's bus (an iGPU, whose i915 gt1 is its media GT) is one tile."""
+    if not os.path.isdir(f"{card}/device/tile0") and os.path.isdir(f"{card}/gt/gt0"):
+        pattern = f"{card}/gt/gt{{}}"
+    else:
+        pattern = f"{card}/device/tile{{}}"
     count = 1
-    while os.path.isdir(f"{card}/device/tile{count}"):
+    while os.path.isdir(pattern.format(count)):
         count += 1
     return count
 

@@ -1,6 +1,7 @@
 """A checkpoint's weight format, from its own ``quantization_config`` (or a GGUF header,
 or ``-q``): the device bytes per linear weight element, whether the weights are converted
-while loading, and whether vLLM serves the format on Intel's XPU platform at all.
+while loading, and whether the XPU platform of the vLLM release judged for serves the format
+at all (as recorded per release: ``vllm_code.releases``).
 
 The methods are those of vLLM 0.32.0's quantization registry
 (``vllm/model_executor/layers/quantization/__init__.py``, ``QuantizationMethods``), plus
@@ -14,19 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_xpu_memfix.intel import catalog
+from vllm_xpu_memfix.vllm_code import releases
 
-# vLLM 0.32.0 vllm/platforms/xpu.py, XPUPlatform.supported_quantization (0.34.0's is the
-# same); Platform.verify_quantization refuses any other method "is currently not supported
-# in xpu". Intel's images add their own sym_int4 family.
-XPU_SUPPORTED = frozenset(
-    {
-        "awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "inc", "fp8", "deepseek_v4_fp8",
-        "mxfp4", "mxfp8", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "online",
-        "gpt_oss_mxfp4", "modelopt", "compressed-tensors",
-    }
-)  # fmt: skip
 INTEL_INT4 = frozenset({"sym_int4", "int4", "woq_int4"})
-XPU_SOURCE = "vllm/platforms/xpu.py XPUPlatform.supported_quantization, 0.32.0"
+# The method vLLM resolves a checkpoint's to where the release has no method of that name:
+# "auto-round" is INC's from 0.21.0 on (INCConfig.override_quantization_method in
+# vllm/model_executor/layers/quantization/inc.py, 0.21.0; inc/inc.py, 0.32.0).
+RESOLVED = {"auto-round": "inc"}
+XPU_SOURCE = "vllm/platforms/xpu.py XPUPlatform.supported_quantization"
 
 # Methods that quantize 16-bit weights while loading (given with -q on a 16-bit checkpoint):
 # device bytes per weight element.
@@ -55,7 +51,7 @@ _FIXED = {
     "int8": 1.0,
 }
 _INT_GROUPED = {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "gptq_marlin", "inc"}
-_INT_GROUPED |= {"moe_wna16", "int4", "w4a16"}
+_INT_GROUPED |= {"moe_wna16", "int4", "w4a16", "auto-round"}
 _MODELOPT = {"FP8": 1.0, "NVFP4": 0.5 + 1 / 16, "MXFP8": 1.0 + 1 / 32}
 
 
@@ -74,12 +70,18 @@ class Format:
 
     @property
     def xpu_refusal(self) -> str:
-        """vLLM's reason to refuse the format on XPU; "" where it serves it."""
-        if not self.method or self.method in XPU_SUPPORTED or self.method in INTEL_INT4:
+        """The XPU platform's reason to refuse the format in the vLLM release judged for
+        (``releases.judged``); "" where it serves it, or where the release is not recorded
+        (then whether it serves it is assumed, never a refusal)."""
+        release = releases.judged()
+        served = releases.xpu_quantization(release)
+        if not self.method or served is None or self.method in served | INTEL_INT4:
+            return ""
+        if RESOLVED.get(self.method) in served:
             return ""
         return (
-            f"{self.method} quantization is currently not supported in xpu "
-            f"({XPU_SOURCE}; Platform.verify_quantization)"
+            f"{self.method} quantization is currently not supported in xpu (vLLM "
+            f"{release} {XPU_SOURCE}; Platform.verify_quantization)"
         )
 
 

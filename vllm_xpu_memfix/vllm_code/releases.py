@@ -1,14 +1,19 @@
-"""What each vLLM release from 0.26.0 to 0.34.0 accepts, recorded: its ``-q`` methods and
-its ``EngineArgs`` fields (``releases.json``, written by scripts/record_vllm_releases.py
-from each release's wheel). doctor checks a serve line against them when it judges for
-another vLLM than the one installed (an Intel image's: ``intel.catalog``)."""
+"""What each vLLM release an Intel image serves (0.10.0 to 0.21.0) and each from 0.26.0 to
+0.34.0 accepts, recorded: its ``-q`` methods, its ``EngineArgs`` fields and the methods its
+XPU platform serves (``releases.json``, written by scripts/record_vllm_releases.py from
+each release's wheel). doctor checks a serve line against them when it judges for another
+vLLM than the one installed (an Intel image's: ``intel.catalog``); the start-up model asks
+:func:`xpu_quantization` of the release judged for (:func:`judged_for`), else of the
+installed one."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 import re
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,43 @@ def engine_fields(version: str) -> frozenset[str] | None:
     """vLLM ``version``'s ``EngineArgs`` field names; None where it is not recorded."""
     release = _releases().get(version)
     return None if release is None else frozenset(release["engine_args"].split())
+
+
+def xpu_quantization(version: str | None) -> frozenset[str] | None:
+    """The methods vLLM ``version``'s XPU platform serves: its
+    ``XPUPlatform.supported_quantization``, or where it sets none (before 0.27.0) every
+    method of its ``QuantizationMethods`` (``Platform.verify_quantization`` passes all);
+    None where ``version`` is not recorded."""
+    release = _releases().get(version or "")
+    if release is None:
+        return None
+    return frozenset((release["xpu_quantization"] or release["quantization"]).split())
+
+
+# The vLLM release judged for, where another than the installed one (judged_for).
+_DESCRIBED: list[str] = []
+
+
+@contextlib.contextmanager
+def judged_for(version: str | None) -> Iterator[None]:
+    """Judge for vLLM ``version`` (None: the installed one) while inside."""
+    _DESCRIBED[:] = [version] if version else []
+    try:
+        yield
+    finally:
+        _DESCRIBED.clear()
+
+
+def described() -> str | None:
+    """The release judged for, where it is not the installed vLLM's."""
+    if not _DESCRIBED or _DESCRIBED[0] == installed_version():
+        return None
+    return _DESCRIBED[0]
+
+
+def judged() -> str | None:
+    """The release a line is judged for: the described one, else the installed one."""
+    return described() or installed_version()
 
 
 @functools.cache

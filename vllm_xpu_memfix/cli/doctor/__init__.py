@@ -33,7 +33,6 @@ from pathlib import Path
 
 from vllm_xpu_memfix.cli.doctor import (
     advice,
-    choices,
     deadline,
     described,
     facts,
@@ -50,6 +49,7 @@ from vllm_xpu_memfix.intel import catalog, driver
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
+from vllm_xpu_memfix.vllm_code import releases
 
 
 def outcome_for(measured: facts.Measurement, args: ServeArgs) -> phases.Outcome:
@@ -195,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         image = machine.image if machine is not None else flag
         gpus = None if machine is None else sum(kind.count for kind in machine.gpus)
         goal = target.target(image, gpus)
-        with choices.judged_for(goal.vllm):
+        with releases.judged_for(goal.vllm):
             reading = _serve_args(args, goal)
             serve = reading.args
             if machine is not None:

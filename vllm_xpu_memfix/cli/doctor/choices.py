@@ -18,9 +18,7 @@ leaves the name unchecked, said in the report, never refused.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 from vllm_xpu_memfix.cli import compat
 from vllm_xpu_memfix.memory.checkpoint import TORCH_DTYPES
@@ -38,31 +36,10 @@ def _vllm_literal(module: str, name: str) -> tuple[str, ...] | None:
     return None if root is None else compat.literal_strings(root, module, name)
 
 
-# The vLLM release doctor judges for, where another than the installed one (judged_for).
-_DESCRIBED: list[str] = []
-
-
-def other_vllm() -> str | None:
-    """The release judged for, where it is not the installed vLLM's."""
-    if not _DESCRIBED or _DESCRIBED[0] == releases.installed_version():
-        return None
-    return _DESCRIBED[0]
-
-
-@contextlib.contextmanager
-def judged_for(version: str | None) -> Iterator[None]:
-    """Check ``-q`` against vLLM ``version`` (None: the installed one) while inside."""
-    _DESCRIBED[:] = [version] if version else []
-    try:
-        yield
-    finally:
-        _DESCRIBED.clear()
-
-
 def quantization_names() -> tuple[str, ...] | None:
     """Every name ``-q`` takes; None where the list of the vLLM judged for could not be read
     (not installed, or another release not recorded)."""
-    other = other_vllm()
+    other = releases.described()
     names = _vllm_literal(*QUANTIZATION_SOURCE) if other is None else None
     if other is not None:
         names = releases.quantization_methods(other)
@@ -73,7 +50,7 @@ def quantization_names() -> tuple[str, ...] | None:
 
 def not_checked(name: str) -> str:
     """Why ``-q name`` was taken unchecked, for the report."""
-    other = other_vllm()
+    other = releases.described()
     if other is None:
         return QUANTIZATION_NOT_CHECKED.format(name=name)
     return (
@@ -95,14 +72,15 @@ QUANTIZATION_NOT_CHECKED = (
 def other_vllm_notes(not_modelled: tuple[str, ...]) -> list[str]:
     """For the report, where doctor judges for another vLLM than the installed one: which,
     and the flags set that its recorded ``EngineArgs`` lacks (its parser refuses them)."""
-    other = other_vllm()
+    other = releases.described()
     if other is None:
         return []
     notes = [f"judged for the image's vLLM {other}, not the installed "
              f"{releases.installed_version() or 'none'}"]  # fmt: skip
     fields = releases.engine_fields(other)
     if fields is None:
-        return [*notes, f"vLLM {other}'s flags are not recorded: the flags are not checked"]
+        return [*notes, f"vLLM {other}'s flags and XPU methods are not recorded: the flags "
+                "are not checked, whether XPU serves the format is assumed"]  # fmt: skip
     names = [flag.split("=")[0].split(" ")[0] for flag in not_modelled]
     lacking = [
         name
