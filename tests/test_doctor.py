@@ -138,9 +138,10 @@ def test_703_human_report(issue_703):
     out = result.stdout
     assert "card1 0000:03:00.0 0xe223 Arc Pro B70" in out
     assert "compute-runtime 26.14.37833.4-1~24.04 (dpkg: intel-opencl-icd)" in out
-    assert (  # the verdict wraps at the text's width
-        "Verdict: WILL RUN OUT OF MEMORY (host at kv_cache: 110% of the host's room, even "
-        "with the activations at 0 GiB; main cause: driver_host_copy)" in " ".join(out.split())
+    assert (  # the verdict wraps at the text's width; no range it rests on bears on it (the
+        # host copy is of the device filled to the utilisation, whatever the activations)
+        "Verdict: WILL RUN OUT OF MEMORY (host at kv_cache: 110% of the host's room; main "
+        "cause: driver_host_copy)" in " ".join(out.split())
     )
     assert "  kv_cache  host   131.8 GiB   device   29.4 GiB  <- runs out on the host" in out
     assert "not modelled" not in out, "doctor's own flags are all modelled"

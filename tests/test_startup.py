@@ -245,6 +245,7 @@ def test_with_params_and_no_format_only_the_smallest_format_running_out_runs_out
         assert "pass --quantization, or go online" in out.why
     if verdict == codes.RUNS_OUT:
         assert "even with the weights at 4-bit" in out.why
+        assert "bytes per token" not in out.why  # a range that changes nothing is not named
     given = replace(args, quantization="fp8")
     per_weight = sizing.inputs_for(machine(1, B70), given, ckpt).linear_bytes_per_weight
     assert per_weight.certain and per_weight.low == 1.0

@@ -18,8 +18,12 @@ import pytest
 from test_startup import B60, B70, GiB, machine, two_layouts_on_one_b60
 
 from vllm_xpu_memfix.cli.doctor import serveline
-from vllm_xpu_memfix.memory.checkpoint import CheckpointError, read_checkpoint
-from vllm_xpu_memfix.startup import codes, formats, phases, remedies, resizing, sizing
+from vllm_xpu_memfix.memory.checkpoint import (
+    CheckpointError,
+    checkpoint_from_params,
+    read_checkpoint,
+)
+from vllm_xpu_memfix.startup import codes, formats, kv_layout, phases, remedies, resizing, sizing
 from vllm_xpu_memfix.startup.known import Source
 from vllm_xpu_memfix.vllm_code import releases
 
@@ -504,3 +508,53 @@ def test_a_remedy_that_removes_a_listed_cause_is_listed_though_the_verdict_stays
     assert image.after.verdict == out.verdict == codes.RUNS_OUT
     assert image.removes == (codes.DUPLICATE_INT4_LAYOUT,)
     assert codes.NEWER_IMAGE not in {r.code for r in judged.not_helping}
+
+
+# --- the KV cache's bytes per token where no layout is read (issue 57, item 1) ----------------
+
+
+def offline(name: str, *flags: str) -> phases.Outcome:
+    """A line for a model not at hand: --params sizes it, no config.json is read."""
+    args = serveline.parse(["vllm", "serve", f"org/{name}", *flags], sizing.ServeArgs(None))
+    ckpt = checkpoint_from_params(int(PARAMS[name]))
+    return phases.run(sizing.inputs_for(machine(1, B70), args, ckpt))
+
+
+def test_without_a_layout_the_kv_bytes_per_token_are_a_range_above_every_real_decoder(tmp_path):
+    """The high end is above what each recorded dense config.json keeps a token."""
+    for name in ("qwen3-32b", "llama-3.1-8b-instruct-fp8", "gemma-3-1b-it", "qwen3-32b-awq"):
+        config = json.loads((CONFIGS / f"{name}.json").read_text())
+        read = kv_layout.from_config(config, element=2, state_element=2, batched_tokens=8192)
+        params = sizing.params_from_config(config)
+        assert read is not None and params
+        assert read.per_token(1, 2) < kv_layout.per_token_high(params, 2, 1), name
+    kv = offline("llama-3.1-8b-instruct-fp8", "--dtype", "bfloat16").inputs.kv_per_token
+    assert kv is not None and kv.low == 0 and kv.source is Source.ASSUMED
+    assert "not known" in kv.origin and "go online" in kv.settle
+
+
+def test_a_long_context_on_an_unread_layout_is_at_risk_naming_the_kv_bytes_per_token(tmp_path):
+    """Before: no layout, no check, "fits". The low end (an attention-free model) holds the
+    context, the high end does not: at risk, with where it flips and what settles it."""
+    line = ("--dtype", "bfloat16", "--max-model-len", "32768")
+    out = offline("llama-3.1-8b-instruct-fp8", *line)
+    assert out.verdict == codes.AT_RISK and out.main_cause == codes.CONTEXT_EXCEEDS_KV_CACHE
+    assert "fits if the KV cache's bytes per token are at most" in out.why
+    assert any(
+        a.startswith("the KV cache's bytes per token 0 KiB to") for a in phases.ranged(out.inputs)
+    )
+    fixes = helping(out)
+    assert fixes[codes.MAX_MODEL_LEN].after.verdict == codes.FITS
+    (fp8,) = [
+        i.kv_per_token for code, *_, i in resizing.context(out) if code == codes.KV_CACHE_DTYPE
+    ]
+    assert fp8 is not None and fp8.high == pytest.approx(out.inputs.kv_per_token.high / 2)
+    # A short context fits even at the high end; the recorded config.json settles the long one.
+    assert (
+        offline(
+            "llama-3.1-8b-instruct-fp8", "--dtype", "bfloat16", "--max-model-len", "4096"
+        ).verdict
+        == codes.FITS
+    )
+    read = judge(tmp_path, machine(1, B70), "llama-3.1-8b-instruct-fp8", "--max-model-len", "32768")
+    assert read.inputs.kv_per_token is None and read.verdict == codes.FITS

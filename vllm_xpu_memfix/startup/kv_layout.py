@@ -177,6 +177,21 @@ class KvLayout:
         return low
 
 
+# Where no layout is read: one layer of one element a token, so that the element's bytes
+# are the bytes a rank adds per token (``phases.Inputs.kv_per_token``, a range).
+UNREAD = KvLayout((Layers(FULL, 1, kv_heads=1, width=1),), source="not read")
+
+
+def per_token_high(params: float, element: float, tp: int) -> float:
+    """The most a rank can add per token for a model of ``params`` parameters whose layout
+    is not read: every layer full multi-head attention (2 x hidden elements a layer, split
+    over the ranks), as deep as a model of this size is (12 hidden^2 parameters a layer, at
+    least 16 times as wide as deep: GPT-2 is 64, SmolLM-135M 19). An assumption: the widest
+    KV cache a decoder of this size has, 2 to 10 times a real grouped-query one."""
+    hidden = (params / 0.75) ** (1 / 3)
+    return 2 * (hidden / 16) * hidden * element / tp
+
+
 def config_int(section: dict[str, Any], *keys: str) -> int | None:
     """The first of ``keys`` that holds a positive integer."""
     for key in keys:

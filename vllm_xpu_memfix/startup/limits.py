@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from vllm_xpu_memfix.startup import domain, reach
+from vllm_xpu_memfix.startup.kv_layout import UNREAD, KvLayout
 
 if TYPE_CHECKING:
     from vllm_xpu_memfix.startup import phases
@@ -19,29 +20,39 @@ def keeps_kv(inp: phases.Inputs) -> bool:
     return inp.kv_layout is None or inp.kv_layout.allocates
 
 
+def kv_of(inp: phases.Inputs) -> tuple[KvLayout, float] | None:
+    """The KV layout and its element's bytes: the layout read, else (``kv_layout.UNREAD``)
+    the high end of the bytes per token; None where no KV cache is kept or nothing is
+    known of it."""
+    if inp.kv_layout is not None:
+        return (inp.kv_layout, inp.kv_element_bytes) if inp.kv_layout.allocates else None
+    return None if inp.kv_per_token is None else (UNREAD, inp.kv_per_token.high)
+
+
 def kv_bytes_per_token(inp: phases.Inputs) -> float | None:
     """Per rank, what a long sequence adds per token (the layers keeping every one)."""
-    kv = inp.kv_layout
-    return kv.per_token(inp.tp, inp.kv_element_bytes) if kv and kv.allocates else None
+    kv = kv_of(inp)
+    return kv[0].per_token(inp.tp, kv[1]) if kv else None
 
 
 def kv_tokens(inp: phases.Inputs) -> int | None:
     """The longest sequence one rank's KV cache holds, at most the judged context (or the
     model's own), as vLLM sizes one sequence (``kv_layout.KvLayout.tokens_within``)."""
-    kv, layout = inp.kv_cache, inp.kv_layout
-    if kv is None or layout is None or not layout.allocates:
+    kv, found = inp.kv_cache, kv_of(inp)
+    if kv is None or found is None:
         return None
     limit = inp.max_model_len or inp.model_max_len or 2**31 - 1
-    return layout.tokens_within(max(kv, 0.0), inp.tp, inp.kv_element_bytes, limit)
+    return found[0].tokens_within(max(kv, 0.0), inp.tp, found[1], limit)
 
 
 def kv_shortfall(inp: phases.Inputs) -> float:
     """Bytes one --max-model-len sequence needs beyond one rank's KV cache."""
-    layout = inp.kv_layout
-    if layout is None or inp.kv_cache is None or not inp.max_model_len:
+    found = kv_of(inp)
+    if found is None or inp.kv_cache is None or not inp.max_model_len:
         return 0.0
-    need = layout.sequence_bytes(inp.max_model_len, inp.tp, inp.kv_element_bytes)
-    return max(0.0, need + layout.reserved(inp.tp, inp.kv_element_bytes) - inp.kv_cache)
+    layout, element = found
+    need = layout.sequence_bytes(inp.max_model_len, inp.tp, element)
+    return max(0.0, need + layout.reserved(inp.tp, element) - inp.kv_cache)
 
 
 def short_context(inp: phases.Inputs) -> bool:
@@ -125,7 +136,7 @@ def fitted(inp: phases.Inputs) -> str:
     tokens = inp.kv_tokens
     if not inp.max_model_len_fitted:
         return ""
-    if tokens is None:
+    if tokens is None or inp.kv_layout is None:
         return "--max-model-len fitted to the KV cache (its size in tokens not known)"
     length = min(tokens, inp.model_max_len or tokens)
     return f"--max-model-len fitted to the KV cache: about {length:,} tokens"

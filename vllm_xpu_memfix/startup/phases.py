@@ -86,6 +86,7 @@ class Inputs:
     kv_headroom: bool = False
     kv_headroom_slack: float = reserve.DEFAULT_SLACK
     kv_layout: KvLayout | None = None  # what one sequence holds (startup.kv_layout)
+    kv_per_token: Known | None = None  # per rank, where no layout is read (kv_layout.UNREAD)
     kv_cache_dtype: str = "auto"
     kv_element_bytes: int = 2
     max_model_len: int | None = None  # as given, else the model's own
@@ -393,20 +394,25 @@ def _judge(inp: Inputs) -> Outcome:
 RANGED: dict[str, tuple[str, Callable[[float], str]]] = {
     "linear_bytes_per_weight": ("the weights", lambda v: _bits(v)),
     "activation_bytes": ("the activations", lambda v: size(v)),
+    "kv_per_token": ("the KV cache's bytes per token", lambda v: f"{v / 1024:,.0f} KiB"),
 }
 FAILED = (codes.RUNS_OUT, codes.WILL_FAIL)
 # Weight widths named in a verdict, narrowest first: bytes per weight at each.
 WIDTHS = ((4, formats.NARROWEST), (8, 1.0), (16, 2.0))
 
 
+def _open(inp: Inputs) -> list[str]:
+    """The fields of ``inp`` that are ranges."""
+    return [f for f in RANGED if getattr(inp, f) is not None and not getattr(inp, f).certain]
+
+
 def ranged(inp: Inputs) -> list[str]:
     """Each input that is a range, with where it came from and what would settle it."""
     lines = []
-    for field, (label, value) in RANGED.items():
-        k = getattr(inp, field)
-        if not k.certain:
-            where = f"{k.source.value}: {k.origin}" + (f"; {k.settle}" if k.settle else "")
-            lines.append(f"{label} {value(k.low)} to {value(k.high)} ({where})")
+    for field in _open(inp):
+        (label, value), k = RANGED[field], getattr(inp, field)
+        where = f"{k.source.value}: {k.origin}" + (f"; {k.settle}" if k.settle else "")
+        lines.append(f"{label} {value(k.low)} to {value(k.high)} ({where})")
     return lines
 
 
@@ -418,7 +424,7 @@ def _bits(per_weight: float) -> str:
 
 def corner(inp: Inputs, high: bool, **pinned: float) -> Inputs:
     """``inp`` with every range at its high (else low) end, and ``pinned`` at their value."""
-    ends = {f: getattr(inp, f) for f in RANGED}
+    ends = {f: getattr(inp, f) for f in RANGED if getattr(inp, f) is not None}
     return replace(
         inp,
         **{f: k.at(pinned.get(f, k.high if high else k.low)) for f, k in ends.items()},
@@ -443,18 +449,26 @@ def _flips(inp: Inputs, field: str) -> str:
     )
 
 
+def _bears(inp: Inputs, field: str) -> bool:
+    """Whether ``field`` changes the phases or the causes (the rest at their low end)."""
+    low = _judge(corner(inp, False))
+    high = _judge(corner(inp, False, **{field: getattr(inp, field).high}))
+    return (low.phases, low.causes) != (high.phases, high.causes)
+
+
 def run(inp: Inputs) -> Outcome:
     """The verdict from the ranges of ``inp``: a failure is certain only where the best end
     of every range fails; "fits" only where the worst end fits; in between, "at risk",
     naming each input that decides and the value at which the verdict flips. A side with
     nothing to judge it against (no room, no device memory) is "not judged", never "fits"."""
     out = best = _judge(corner(inp, False))
-    open_ = [(f, *RANGED[f]) for f in RANGED if not getattr(inp, f).certain]
+    open_ = [(f, *RANGED[f]) for f in _open(inp)]
     if best.verdict == codes.WILL_FAIL:
         pass  # not a matter of memory: no range can change it
-    elif best.verdict == codes.RUNS_OUT and open_:
-        lows = ", ".join(f"{label} at {value(getattr(inp, f).low)}" for f, label, value in open_)
-        out = replace(best, why=f"{best.why}, even with {lows}")
+    elif best.verdict == codes.RUNS_OUT:
+        bearing = [(f, label, value) for f, label, value in open_ if _bears(inp, f)]
+        lows = ", ".join(f"{label} at {value(getattr(inp, f).low)}" for f, label, value in bearing)
+        out = replace(best, why=f"{best.why}, even with {lows}") if lows else best
     elif open_:
         out = worst = _judge(corner(inp, True))
         if worst.verdict in FAILED:

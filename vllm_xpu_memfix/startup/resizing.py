@@ -117,13 +117,19 @@ def context(out: model.Outcome) -> list[tuple[str, str, str, model.Inputs]]:
                 replace(inp, max_model_len=tokens),
             )
         )
+    unread = inp.kv_per_token
     if inp.kv_element_bytes > 1 and inp.kv_bytes_per_token:
         found.append(
             (
                 codes.KV_CACHE_DTYPE,
                 "--kv-cache-dtype fp8",
                 "twice the tokens in the KV cache; a small accuracy cost",
-                replace(inp, kv_element_bytes=1, kv_cache_dtype="fp8"),
+                replace(
+                    inp,
+                    kv_element_bytes=1,
+                    kv_cache_dtype="fp8",
+                    kv_per_token=unread and unread.scale(1 / inp.kv_element_bytes),
+                ),
             )
         )
     return found

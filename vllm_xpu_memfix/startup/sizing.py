@@ -237,8 +237,9 @@ def _bytes_per_weight(
 
 
 def _logits_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
-    flag = FLAG_DTYPES.get((args.dtype or "").removeprefix("torch."))
-    return flag or (_DTYPE_BYTES.get(ckpt.dtype, 2) if ckpt else 2)
+    """The served dtype's bytes: --dtype's, else 16-bit (vLLM's "auto" serves float32
+    checkpoints at 16 bits, as ``_bytes_per_weight`` says)."""
+    return FLAG_DTYPES.get((args.dtype or "").removeprefix("torch.")) or 2
 
 
 def kv_cache_layout(
@@ -263,6 +264,23 @@ def kv_cache_layout(
     if found is None or not (layers and stage_layers):
         return found
     return replace(found, share=stage_layers / layers)
+
+
+def _kv_unread(ckpt: Checkpoint, args: ServeArgs, stage_share: float) -> Known:
+    """Per rank, the bytes per token of a KV cache whose layout was not read (no config.json,
+    or one without its layers and heads): from none (an attention-free model) to the
+    widest a model of this size keeps (``kv_layout.per_token_high``)."""
+    params = float(ckpt.total_bytes) / _DTYPE_BYTES.get(ckpt.dtype, 2)
+    element = _kv_element_bytes(args, ckpt)
+    high = kv_layout.per_token_high(params, element, args.tensor_parallel_size) * stage_share
+    what = "no config.json read" if not ckpt.config else "config.json has no layers or heads"
+    return Known.between(
+        0.0,
+        high,
+        Source.ASSUMED,
+        f"the KV layout is not known ({what})",
+        "go online, or give the model's directory",
+    )
 
 
 def _kv_element_bytes(args: ServeArgs, ckpt: Checkpoint | None) -> int:
@@ -408,6 +426,8 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
         ckpt.config if ckpt else {}, float(ckpt.total_bytes) if ckpt else 0.0, place.pp
     )
     kv = kv_cache_layout(ckpt, args, stage_layers)
+    share, _ = layout.largest_stage({}, 1.0, place.pp)
+    unread = _kv_unread(ckpt, args, share) if kv is None and ckpt is not None else None
     activations, burst = _forward(ckpt, args, kv is None or kv.sampler)
     weights = _weights(machine, args, ckpt, fmt, place) if ckpt is not None else {}
     return phases.Inputs(
@@ -431,6 +451,7 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
         kv_headroom=machine.kv_headroom,
         kv_headroom_slack=machine.kv_headroom_slack,
         kv_layout=kv,
+        kv_per_token=unread,
         gpus_in_context=machine.gpus_visible,
         battlemage_in_context=machine.battlemage_visible,
         runtime=machine.runtime,
