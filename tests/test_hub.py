@@ -196,21 +196,23 @@ def test_params_is_an_override_where_nothing_else_tells(standin, online):
 PREFLIGHT = """
 import json, sys
 from types import SimpleNamespace
-from vllm_xpu_memfix.fixes import preflight
-preflight.HUB_DEADLINE = float(sys.argv[2])
 hf = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128, "intermediate_size": 128,
       "num_attention_heads": 4, "torch_dtype": "bfloat16"}
 config = SimpleNamespace(model_config=SimpleNamespace(
     model=sys.argv[1], hf_config=SimpleNamespace(to_dict=lambda: hf)))
-ckpt, source = preflight.checkpoint(config)
+if sys.argv[3:] == ["config cached"]:  # as vLLM fetches it before the preflight runs
+    from huggingface_hub import hf_hub_download
+    hf_hub_download(sys.argv[1], "config.json")
+from vllm_xpu_memfix.startup import engine_weights
+ckpt, source = engine_weights.checkpoint(config, float(sys.argv[2]))
 quant = (ckpt.config.get("quantization_config") or {}).get("quant_method")
 print(json.dumps({"source": source, "bytes": ckpt.total_bytes, "quant": quant}))
 """
 
 
-def preflight_checkpoint(model: str, deadline: float, **env: str) -> dict[str, Any]:
+def preflight_checkpoint(model: str, deadline: float, *before: str, **env: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-c", PREFLIGHT, model, str(deadline)],
+        [sys.executable, "-c", PREFLIGHT, model, str(deadline), *before],
         env=clean_env(**env),
         capture_output=True,
         text=True,
@@ -227,6 +229,17 @@ def test_the_preflight_reads_the_hubs_headers_not_the_architecture(standin, onli
     assert got == {"source": "the Hub's headers", "bytes": 13_761_264_768, "quant": "mxfp4"}
     offline = preflight_checkpoint("openai/gpt-oss-20b", 5.0, **{**online, "HF_HUB_OFFLINE": "1"})
     assert offline["source"] == "hf_config"
+
+
+def test_a_cached_config_without_weights_still_reads_the_hubs_headers(standin, online):
+    """``vllm serve ORG/MODEL`` fetches config.json into the cache before the preflight
+    and the weights after: a snapshot holding config.json alone is sized from the Hub's
+    headers (the FP8 checkpoint's own bytes), not from hf_config at 16 bits."""
+    model = "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8"
+    got = preflight_checkpoint(model, 5.0, "config cached", **online)
+    assert got["source"] == "the Hub's headers"
+    assert got["bytes"] == recorded_data_bytes("llama-3.1-8b-instruct-fp8")
+    assert standin.downloads == []
 
 
 def test_the_preflight_never_waits_for_a_hub_that_does_not_answer(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hosts import B70, build_host, qwen_27b_like
+from hosts import B60, B70, build_host, qwen_27b_like
 
 from vllm_xpu_memfix import fixes
 from vllm_xpu_memfix.core import config
@@ -195,6 +195,32 @@ def test_a_config_only_checkpoint_is_sized_from_its_config(
     env = {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_PREFLIGHT": "refuse"}
     with pytest.raises(preflight.PreflightRefused, match="Arc Pro B70"):
         engine_config(model, env, monkeypatch)
+
+
+def test_a_quantized_config_without_headers_is_a_range_not_16_bits_nor_its_width_alone(
+    tmp_path, monkeypatch, records, clean_env
+):
+    """Issue 57, class 3: the headers are out of reach (here a directory of config.json
+    alone; the same fallback as an offline cache). The FP8 config gives the method, not
+    which modules stay 16-bit: the weights are 8-bit to 16-bit, so on a 16 GiB card the
+    verdict is "at risk", naming the width at which it flips, and refuse lets it start."""
+    import shutil
+
+    from helpers.hub_standin import CONFIGS
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(CONFIGS / "llama-3.1-8b-instruct-fp8.json", model / "config.json")
+    host = build_host(tmp_path / "host", [B60], vram_gib=16)
+    env = {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_PREFLIGHT": "refuse"}
+    engine_config(model, env, monkeypatch, max_model_len=4096)
+    (line,) = [line for line in records.lines(logging.INFO) if line.startswith(LINE)]
+    assert line.startswith(f"{LINE} AT RISK (TP 1)"), line
+    debug = [line for line in records.lines() if "preflight json" in line]
+    details = json.loads("".join(line.split(": ", 1)[1] for line in debug))
+    assert details["checkpoint"] == "hf_config" and details["verdict"] == "at risk"
+    assert "fits if the weights are at most 8-bit; runs out at 16-bit" in details["why"]
+    assert "its headers not read" in details["why"]
 
 
 def test_auto_never_refuses_and_logs_one_warning(b70_27b, monkeypatch, records, clean_env):

@@ -4,8 +4,12 @@ Each machine is a sysroot tree (tests/hosts.py); vLLM itself runs on its CPU bac
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from helpers.hub_standin import Server as HubStandIn
 from hosts import add_igpu, build_host
+from test_hub import recorded_data_bytes
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.server
@@ -89,3 +93,41 @@ def test_a_refusal_inside_llm_is_an_exception_the_caller_catches(tiny_model, tmp
     assert said == ["CALLER caught PreflightRefused True", "CALLER goes on"]
     (line,) = _preflight_lines(result.stdout + result.stderr)
     assert " ERROR " in line and "stopped by VLLM_XPU_MEMFIX_PREFLIGHT=refuse" in line
+
+
+def _wait_for_preflight(server, timeout_s: float = 240.0) -> str:
+    """The preflight's line, as soon as the API server logs it (the weights come later)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = _preflight_lines(server.log_text())
+        if lines:
+            return lines[0]
+        assert server.process.poll() is None, server.log_text()[-3000:]
+        time.sleep(1)
+    raise AssertionError(f"no preflight line after {timeout_s:.0f} s")
+
+
+def test_serve_by_hub_id_sizes_the_checkpoint_from_the_hubs_headers(serve, tmp_path):
+    """Issue 57, class 3: ``vllm serve ORG/MODEL`` with an empty cache, the Hub being the
+    stand-in (recorded FP8 metadata). vLLM fetches config.json into the cache, then the
+    preflight runs: it reads the Hub's headers for the FP8 checkpoint's own bytes, where
+    it took the parameters of hf_config at 16 bits (15.0 GiB), and with a 16 GiB room the
+    line is FITS. vLLM's later download of the weights is the stand-in's to refuse."""
+    host = build_host(tmp_path / "host", [], mem_available_gib=16)
+    with HubStandIn() as hub:
+        env = {
+            **REFUSE,
+            "VLLM_XPU_MEMFIX_SYSROOT": str(host),
+            "HF_ENDPOINT": hub.url,
+            "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+            "HF_HUB_OFFLINE": "0",
+        }
+        server = serve("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8", env=env)
+        line = _wait_for_preflight(server)
+        server.stop()
+        weights = recorded_data_bytes("llama-3.1-8b-instruct-fp8") / 2**30
+        assert f"weights {weights:,.1f} GiB + KV cache 1.0 GiB" in line, line
+        assert "FITS on vLLM's CPU backend" in line
+        config = tmp_path / "hf-cache/models--RedHatAI--Meta-Llama-3.1-8B-Instruct-FP8"
+        assert list(config.glob("snapshots/*/config.json")), "vLLM fetched config.json"
+        assert any(r[2].startswith("bytes=0-") for r in hub.requests), "headers by range"

