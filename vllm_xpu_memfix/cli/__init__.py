@@ -161,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=_number(DEADLINE_S),
         default=DEADLINE_DEFAULT_S,
-        help="the longest vLLM may take to build the line's configuration (it reads the Hub); "
-        f"past it the line is judged as read, said; {DEADLINE_S.accepted}, default 30",
+        help="the longest the whole run may take (vLLM, the Hub); "
+        f"past it the rest is not read, and said so; {DEADLINE_S.accepted}, default 30",
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     ray_env = sub.add_parser(

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from vllm_xpu_memfix.memory import gguf, hub_ranges
+from vllm_xpu_memfix.memory import gguf, hub_ranges, hub_reach
 from vllm_xpu_memfix.memory.checkpoint import (
     INDEX_NAME,
     MAX_CONFIG,
@@ -98,7 +98,9 @@ def read(name: str, deadline: float, notes: list[str] | None = None) -> Checkpoi
             "huggingface_hub (installed with vLLM) is not importable here to ask the Hub"
         ) from None
     if constants.HF_HUB_OFFLINE:
-        raise HubUnavailable("HF_HUB_OFFLINE is set, so the Hub is not asked")
+        raise HubUnavailable(hub_reach.offline_reason())
+    if deadline <= 0:
+        raise HubUnavailable("not asked: the deadline had passed")
     outcome: list[Any] = []
     said: list[str] = []
 

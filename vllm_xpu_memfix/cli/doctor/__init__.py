@@ -46,6 +46,7 @@ from vllm_xpu_memfix.cli.doctor import (
 from vllm_xpu_memfix.core import config, files, redact
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, driver
+from vllm_xpu_memfix.memory import hub_reach
 from vllm_xpu_memfix.memory.checkpoint import CheckpointError
 from vllm_xpu_memfix.startup import phases, remedies, sizing
 from vllm_xpu_memfix.startup.sizing import ServeArgs
@@ -134,13 +135,7 @@ def _serve_args(args: argparse.Namespace, goal: target.Target | None = None) -> 
     own_parser = vllmline.own_parser(goal.vllm, None if here else goal.platform)
     if version is not None:
         try:
-            reading = vllmline.read(
-                line,
-                {**own, "model": given["model"]},
-                version,
-                goal.platform,
-                getattr(args, "deadline", deadline.DEFAULT_S),
-            )
+            reading = vllmline.read(line, {**own, "model": given["model"]}, version, goal.platform)
         except vllmline.Unavailable as exc:
             own_parser = f"doctor's own parser ({exc})"
         else:
@@ -185,8 +180,26 @@ def _image(args: argparse.Namespace) -> catalog.Image | None:
     return image
 
 
+def _asks_hub(args: argparse.Namespace) -> bool:
+    """The run may ask the Hub: a pasted line (vLLM reads a tokenizer, a draft model) or a
+    model that is not a path here."""
+    model = args.model or getattr(args, "model_option", None)
+    return getattr(args, "serve_line", None) is not None or bool(model and not Path(model).exists())
+
+
 def main(args: argparse.Namespace) -> int:
     redact.redact_log_records(os.environ)  # huggingface_hub's and vLLM's records too
+    with deadline.run(getattr(args, "deadline", deadline.DEFAULT_S)):
+        try:
+            return _judged(args)
+        except deadline.PastDeadline as past:
+            print(f"doctor: stopped {deadline.GRACE:g} s past {past}; not judged", file=sys.stderr)
+            return 2
+
+
+def _judged(args: argparse.Namespace) -> int:
+    if _asks_hub(args) and (why := hub_reach.unreachable()):
+        hub_reach.go_offline(why)  # once, for vLLM's path and doctor's own reader
     try:
         if args.host and args.write_host:
             raise hostfile.HostFileError("--write-host writes this machine: drop --host")

@@ -1,52 +1,98 @@
-"""A time limit on the one step of doctor that can wait on the network without a bound of
-its own: vLLM building the configuration (``create_engine_config``), which fetches
-config.json, the tokenizer's files and a draft model's from the Hub through
-huggingface_hub, retrying. doctor's own Hub reads carry their deadline already
-(``memory.hub``); a ``--config`` FIFO is refused before vLLM opens it (``configfile``)."""
+"""One deadline for the whole of a doctor run (``--deadline S``, default 30 s).
+
+The steps that can wait on what doctor does not control are cut at it: vLLM's import and
+its configuration build (``create_engine_config`` fetches config.json, the tokenizer's and
+a draft model's files through huggingface_hub, retrying), each run inside :func:`step`;
+doctor's own Hub reader is given what is :func:`left` (``memory.hub``, a thread joined
+with that timeout). Local work (/proc, sysfs, the judgement) is never cut: past the
+deadline it goes on, and the steps still to come are not run, said "not read" or "not
+built". Whatever still runs :data:`GRACE` seconds later is stopped by
+:class:`PastDeadline` reaching the command, one line. Files named on the command line are
+opened only where they are regular files (``core.files``), so no FIFO waits on a writer.
+
+The timer is ``SIGALRM`` (it interrupts a blocking socket read too); off the main thread
+(an embedding program) no signal can be had: the steps then run unbounded, and the Hub
+reader keeps its own deadline.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 DEFAULT_S = 30.0
+GRACE = 4.0  # local work left past the deadline, within the 5 s the deadline promises
 
 
 class PastDeadline(BaseException):
-    """The step did not finish within its time: what it read so far is dropped. Not an
+    """The deadline passed inside a step: what it read so far is dropped. Not an
     ``Exception``, so that no library's ``except Exception`` (huggingface_hub's retries,
     transformers' fallbacks) takes it for a network error and goes on."""
 
 
+class _Run:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.ends: float | None = None  # monotonic time; None: no run under way
+        self.in_step = 0
+        self.expired = False
+
+
+_run = _Run()
+
+
+def left(cap: float = float("inf")) -> float:
+    """Seconds to the run's deadline (0 once past), at most ``cap``; ``cap`` where no run
+    is under way."""
+    if _run.ends is None:
+        return cap
+    return max(0.0, min(cap, _run.ends - time.monotonic()))
+
+
+def passed() -> str:
+    """What a step not run past the deadline says."""
+    return f"not read: doctor's deadline of {_run.seconds:g} s had passed"
+
+
+def _expire(_signum: int, _frame: Any) -> None:
+    first = not _run.expired
+    _run.expired = True
+    if _run.in_step or not first:
+        raise PastDeadline(f"doctor's deadline of {_run.seconds:g} s")
+
+
 @contextlib.contextmanager
-def within(seconds: float, what: str) -> Iterator[None]:
-    """Raise :class:`PastDeadline` in the block once ``seconds`` have passed. A timer signal
-    interrupts a blocking socket read too; off the main thread (an embedding program) no
-    signal can be had, and the block runs unbounded."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(_signum: int, _frame: Any) -> None:
-        raise PastDeadline(f"{what} took longer than doctor's deadline of {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+def run(seconds: float) -> Iterator[None]:
+    """The whole run within ``seconds``: a step under way at the deadline is cut; local work
+    left then has :data:`GRACE` seconds before :class:`PastDeadline` stops it."""
+    _run.seconds, _run.ends, _run.expired = seconds, time.monotonic() + seconds, False
+    timed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, _expire) if timed else None
+    if timed:
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), GRACE)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        _run.ends = None
 
 
-def call(seconds: float, what: str, step: Callable[..., Any], *args: Any) -> Any:
-    """``step(*args)`` within ``seconds``; past them a ``TimeoutError`` (the caller's "not
-    built", as any failure to reach the Hub), raised outside the step's own handlers."""
+def step(what: str, work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)``, cut at the run's deadline: a ``TimeoutError`` saying so then (the
+    caller's "not built", as any failure to reach the Hub), raised outside the step's own
+    handlers; at once where the deadline had passed before it began."""
+    if _run.expired or (_run.ends is not None and left() <= 0):
+        raise TimeoutError(f"{what}: {passed()}")
+    _run.in_step += 1
     try:
-        with within(seconds, what):
-            return step(*args)
+        return work(*args)
     except PastDeadline as past:
-        raise TimeoutError(str(past)) from None
+        raise TimeoutError(f"{what} was cut at {past}") from None
+    finally:
+        _run.in_step -= 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_xpu_memfix.cli import compat
-from vllm_xpu_memfix.cli.doctor import target
+from vllm_xpu_memfix.cli.doctor import deadline, target
 from vllm_xpu_memfix.core.config import Settings
 from vllm_xpu_memfix.fixes import driver_env
 from vllm_xpu_memfix.intel import catalog, driver
@@ -27,8 +27,6 @@ from vllm_xpu_memfix.startup import host
 from vllm_xpu_memfix.startup.host import OFFLOAD
 from vllm_xpu_memfix.startup.sizing import Machine, ServeArgs
 
-# How long doctor waits for the Hub's metadata of a model that is not at hand.
-HUB_DEADLINE = 30.0
 # The variables that change how much host memory a start takes, shown when set.
 RELEVANT_ENV = (
     "NEOReadDebugKeys",
@@ -133,7 +131,7 @@ def read_model(args: ServeArgs) -> tuple[Checkpoint | None, str]:
         return held
     notes: list[str] = []  # a server that ignored Range
     try:
-        ckpt = hub.read(args.model, HUB_DEADLINE, notes)
+        ckpt = hub.read(args.model, deadline.left(deadline.DEFAULT_S), notes)
         return ckpt, f"{args.model} (Hugging Face Hub: metadata{''.join('; ' + n for n in notes)})"
     except hub.LibraryMissing as exc:
         why = cache_note.removesuffix("; ") or str(exc)

@@ -421,7 +421,7 @@ def _fixes(namespace: argparse.Namespace, message: str) -> tuple[Fix, ...]:
         changed = argparse.Namespace(**{**vars(namespace), **change})
         flags: list[str] = []
         try:
-            config = _build(changed, flags)
+            config = deadline.step("vLLM's configuration", _build, changed, flags)
         except Exception:
             continue
         found.append(Fix(code, what, cost, _resolved(config, tuple(flags), changed)))
@@ -443,7 +443,6 @@ def read(
     own: Mapping[str, Any],
     version: str,
     platform: str | None = None,
-    deadline_s: float = deadline.DEFAULT_S,
 ) -> Reading:
     """The serve line ``words`` with doctor's ``own`` flags (EngineArgs names), read by
     the installed vLLM ``version`` for ``platform`` (None: whichever it resolves here);
@@ -454,14 +453,16 @@ def read(
     _say_while_importing(version)
     with _vllm_quiet():
         try:
-            _parser(serve)
+            deadline.step(f"vLLM {version}'s import", _parser, serve)
+        except TimeoutError as exc:
+            raise Unavailable(str(exc)) from None
         except Exception as exc:
             raise Unavailable(f"vLLM {version} here failed to import ({_message(exc)})") from exc
         namespace, unknown = _parse(words)
         _merge(namespace, words, own, _parser(serve)[1])
         flags: list[str] = []
         try:
-            config = deadline.call(deadline_s, "vLLM's configuration", _build, namespace, flags)
+            config = deadline.step("vLLM's configuration", _build, namespace, flags)
         except Exception as exc:
             message = _message(exc)
             given = _given(namespace, _parser(serve)[1], flags)
