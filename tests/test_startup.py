@@ -120,7 +120,7 @@ def test_the_host_verdict_names_its_phase_and_share_of_the_room(share, verdict):
 
 def test_a_host_without_ram_figures_is_not_judged_on_the_host():
     out = judge(machine(1, B70, room_gib=None), 1e9)
-    assert out.verdict == codes.NOT_JUDGED and not out.host_judged and out.device_judged
+    assert out.verdict == codes.NOT_JUDGED and out.not_judged == (codes.HOST,)
 
 
 def two_layouts_on_one_b60(linear_params: float) -> phases.Inputs:

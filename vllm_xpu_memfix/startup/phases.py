@@ -240,14 +240,6 @@ class Outcome:
         return (self.memory_verdict or self.verdict) == codes.FITS
 
     @property
-    def host_judged(self) -> bool:
-        return codes.HOST not in self.not_judged
-
-    @property
-    def device_judged(self) -> bool:
-        return codes.DEVICE not in self.not_judged
-
-    @property
     def host_need(self) -> float:
         return max(p.host for p in self.phases.values())
 
