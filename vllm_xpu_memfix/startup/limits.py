@@ -82,13 +82,14 @@ def ranks_why(inp: phases.Inputs) -> str:
 
 def vllm_refusals(inp: phases.Inputs) -> list[str]:
     """vLLM's refusals read before any memory: vLLM's own where it built the configuration
-    (``config_checked``), else the model's hand-written ones: the context (``context``) and
-    TP against the heads (vllm/config/model.py:ModelConfig.verify_with_parallel_config), the
-    latter also for a TP vLLM did not check (a remedy's, ``resizing.with_tp``). The format
+    at this TP (``checked_tp``), else the model's hand-written ones: the context
+    (``context``) and TP against the heads
+    (vllm/config/model.py:ModelConfig.verify_with_parallel_config), the latter also for a TP
+    vLLM did not check (a remedy's, ``resizing.with_tp``). The format
     on XPU stays in either case: the test bed's vLLM checks its own platform."""
     found = list(inp.refusals)
     heads = inp.attention_heads
-    if heads and heads % inp.tp and not inp.config_checked:
+    if heads and heads % inp.tp and inp.tp != inp.checked_tp:
         found.append(
             f"total number of attention heads ({heads}) must be divisible by tensor parallel "
             f"size ({inp.tp}) (vllm/config/model.py:ModelConfig.verify_with_parallel_config)"

@@ -94,7 +94,7 @@ class Inputs:
     model_max_len: int | None = None
     attention_heads: int | None = None
     refusals: tuple[str, ...] = ()  # vLLM's reasons to refuse, read before any memory
-    config_checked: bool = False  # vLLM built the configuration: its own checks ran
+    checked_tp: int = 0  # the TP at which vLLM's own checks ran (refusals); 0: none ran
     not_modelled: tuple[str, ...] = ()  # flags set that the model does not cover
     gpus_in_context: int = 0
     battlemage_in_context: int = 0

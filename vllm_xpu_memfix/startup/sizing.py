@@ -64,12 +64,11 @@ class ServeArgs:
     enable_expert_parallel: bool = False
     distributed_executor_backend: str | None = None
     cpu_offload_gb: float = 0.0
-    # True where vLLM built the configuration from these arguments (doctor's vLLM path,
-    # the preflight): its configuration-time checks ran, so the model's hand-written ones
-    # (``limits.vllm_refusals``, ``context.refusal``) stay out; ``refused``: vLLM's own
-    # messages where it refused to build it.
-    config_checked: bool = False
-    refused: tuple[str, ...] = ()
+    # vLLM's own refusals where it built the configuration from these arguments (doctor's
+    # vLLM path, the preflight; () where it accepted them): its checks ran, so the model's
+    # hand-written ones (``limits.vllm_refusals``, ``context.refusal``) stay out. None:
+    # vLLM did not build it.
+    refused: tuple[str, ...] | None = None
     # Flags of a pasted serve line (or EngineArgs fields, in the preflight) set away from
     # their default that the model does not cover, as given.
     not_modelled: tuple[str, ...] = ()
@@ -396,7 +395,8 @@ def _model_facts(ckpt: Checkpoint | None, args: ServeArgs, machine: Machine) -> 
     own = context.model_max_len(config)
     fmt = weight_format(ckpt, args)
     length = args.max_model_len
-    asked = "" if args.config_checked else context.refusal(length, config, machine.environ)
+    checked = args.refused is not None
+    asked = "" if checked else context.refusal(length, config, machine.environ)
     if length is None and not args.max_model_len_fitted and own is not None:
         length = own[0]  # vLLM's default: the model's own context
     return {
@@ -404,11 +404,11 @@ def _model_facts(ckpt: Checkpoint | None, args: ServeArgs, machine: Machine) -> 
         "model_max_len": None if own is None else own[0],
         "max_model_len": length,
         "max_model_len_fitted": args.max_model_len_fitted,
-        "config_checked": args.config_checked,
+        "checked_tp": args.tensor_parallel_size if checked else 0,
         "refusals": tuple(
             why
             for why in (
-                *args.refused,
+                *(args.refused or ()),
                 fmt.xpu_refusal,
                 asked,
             )
