@@ -219,7 +219,7 @@ def test_the_fixes_and_the_model_take_their_figures_from_startup():
         "fixes/load_lock.py": "staging.per_rank(",
         "fixes/kv_headroom.py": "kv_reserve(",
         "fixes/driver_env.py": "driver.why_no_host_copy(",
-        "startup/phases.py": "driver.why_no_host_copy(",
+        "startup/inputs.py": "driver.why_no_host_copy(",
     }
     for module, call in uses.items():
         assert call in (PACKAGE / module).read_text(), module

@@ -5,49 +5,20 @@ fitted context, and the cap a flag outside the model (``domain``) puts on its si
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from vllm_xpu_memfix.startup import domain, reach
-from vllm_xpu_memfix.startup.kv_layout import UNREAD, KvLayout
-
-if TYPE_CHECKING:
-    from vllm_xpu_memfix.startup import phases
+from vllm_xpu_memfix.startup.inputs import Inputs
 
 
-def keeps_kv(inp: phases.Inputs) -> bool:
+def keeps_kv(inp: Inputs) -> bool:
     """Whether vLLM allocates a KV cache (an encoder-only model keeps none; the device then
     holds the weights and activations, not the utilisation's share)."""
     return inp.kv_layout is None or inp.kv_layout.allocates
 
 
-def kv_of(inp: phases.Inputs) -> tuple[KvLayout, float] | None:
-    """The KV layout and its element's bytes: the layout read, else (``kv_layout.UNREAD``)
-    the high end of the bytes per token; None where no KV cache is kept or nothing is
-    known of it."""
-    if inp.kv_layout is not None:
-        return (inp.kv_layout, inp.kv_element_bytes) if inp.kv_layout.allocates else None
-    return None if inp.kv_per_token is None else (UNREAD, inp.kv_per_token.high)
-
-
-def kv_bytes_per_token(inp: phases.Inputs) -> float | None:
-    """Per rank, what a long sequence adds per token (the layers keeping every one)."""
-    kv = kv_of(inp)
-    return kv[0].per_token(inp.tp, kv[1]) if kv else None
-
-
-def kv_tokens(inp: phases.Inputs) -> int | None:
-    """The longest sequence one rank's KV cache holds, at most the judged context (or the
-    model's own), as vLLM sizes one sequence (``kv_layout.KvLayout.tokens_within``)."""
-    kv, found = inp.kv_cache, kv_of(inp)
-    if kv is None or found is None:
-        return None
-    limit = inp.max_model_len or inp.model_max_len or 2**31 - 1
-    return found[0].tokens_within(max(kv, 0.0), inp.tp, found[1], limit)
-
-
-def kv_shortfall(inp: phases.Inputs) -> float:
+def kv_shortfall(inp: Inputs) -> float:
     """Bytes one --max-model-len sequence needs beyond one rank's KV cache."""
-    found = kv_of(inp)
+    found = inp.kv_of()
     if found is None or inp.kv_cache is None or not inp.max_model_len:
         return 0.0
     layout, element = found
@@ -55,7 +26,7 @@ def kv_shortfall(inp: phases.Inputs) -> float:
     return max(0.0, need + layout.reserved(inp.tp, element) - inp.kv_cache)
 
 
-def short_context(inp: phases.Inputs) -> bool:
+def short_context(inp: Inputs) -> bool:
     """vLLM's check at KV cache allocation: one --max-model-len sequence must fit."""
     tokens = inp.kv_tokens
     if inp.max_model_len_fitted or tokens is None or not inp.max_model_len:
@@ -63,12 +34,12 @@ def short_context(inp: phases.Inputs) -> bool:
     return 0 < tokens < inp.max_model_len
 
 
-def ranks_over_gpus(inp: phases.Inputs) -> bool:
+def ranks_over_gpus(inp: Inputs) -> bool:
     """More ranks on this node than GPUs visible: vLLM cannot place them."""
     return inp.ranks_placed and 0 < inp.gpus_in_context < inp.host_ranks
 
 
-def ranks_why(inp: phases.Inputs) -> str:
+def ranks_why(inp: Inputs) -> str:
     if inp.host_ranks == inp.tp:
         return (
             f"--tensor-parallel-size {inp.tp} needs {inp.tp} GPUs; {inp.gpus_in_context} "
@@ -80,7 +51,7 @@ def ranks_why(inp: phases.Inputs) -> str:
     )
 
 
-def vllm_refusals(inp: phases.Inputs) -> list[str]:
+def vllm_refusals(inp: Inputs) -> list[str]:
     """vLLM's refusals read before any memory: vLLM's own where it built the configuration
     at this TP (``checked_tp``), else the model's hand-written ones: the context
     (``context``) and TP against the heads
@@ -97,7 +68,7 @@ def vllm_refusals(inp: phases.Inputs) -> list[str]:
     return found
 
 
-def unmodelled_on(inp: phases.Inputs, side: str) -> list[str]:
+def unmodelled_on(inp: Inputs, side: str) -> list[str]:
     """The flags set that the model does not cover and that change ``side``."""
     return [flag for flag in inp.not_modelled if domain.side_of(flag) in (side, domain.BOTH)]
 
@@ -112,7 +83,7 @@ def rescuing(flags: Iterable[str], phase: str) -> list[str]:
     return [name for name in names if reach.can_lower(domain.field_of(name) or "", phase)]
 
 
-def capped(inp: phases.Inputs, side: str, why: str, phase: str) -> str | None:
+def capped(inp: Inputs, side: str, why: str, phase: str) -> str | None:
     """``why``, a failure at ``phase`` on ``side``, capped at "at risk" where a
     not-modelled flag could lower that phase there (``reach``), naming it; else None: the
     failure stands, whatever else is set."""
@@ -123,7 +94,7 @@ def capped(inp: phases.Inputs, side: str, why: str, phase: str) -> str | None:
     return f"{why}; not modelled on the {side}: {named} can lower it, so at most at risk"
 
 
-def cannot_rescue(inp: phases.Inputs, side: str, phase: str) -> str:
+def cannot_rescue(inp: Inputs, side: str, phase: str) -> str:
     """The not-modelled flags set on ``side`` that cannot lower ``phase``, in a clause
     for a failure that stands; "" where none is set."""
     names = [_name(flag) for flag in unmodelled_on(inp, side)]
@@ -133,7 +104,7 @@ def cannot_rescue(inp: phases.Inputs, side: str, phase: str) -> str:
     return f"{named} set, which cannot lower the {phase} phase"
 
 
-def fitted(inp: phases.Inputs) -> str:
+def fitted(inp: Inputs) -> str:
     tokens = inp.kv_tokens
     if not inp.max_model_len_fitted:
         return ""
