@@ -83,25 +83,16 @@ def rescuing(flags: Iterable[str], phase: str) -> list[str]:
     return [name for name in names if reach.can_lower(domain.field_of(name) or "", phase)]
 
 
-def capped(inp: Inputs, side: str, why: str, phase: str) -> str | None:
-    """``why``, a failure at ``phase`` on ``side``, capped at "at risk" where a
-    not-modelled flag could lower that phase there (``reach``), naming it; else None: the
-    failure stands, whatever else is set."""
-    names = rescuing(unmodelled_on(inp, side), phase)
-    if not names:
-        return None
+def stands(inp: Inputs, side: str, why: str, phase: str) -> tuple[bool, str]:
+    """Whether ``why``, a failure at ``phase`` on ``side``, stands: not where a not-modelled
+    flag could lower that phase there (``reach``; then at most "at risk"), naming it; where
+    it stands, naming the flags set there that cannot."""
+    flags = unmodelled_on(inp, side)
+    names = rescuing(flags, phase) or [_name(flag) for flag in flags]
     named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-    return f"{why}; not modelled on the {side}: {named} can lower it, so at most at risk"
-
-
-def cannot_rescue(inp: Inputs, side: str, phase: str) -> str:
-    """The not-modelled flags set on ``side`` that cannot lower ``phase``, in a clause
-    for a failure that stands; "" where none is set."""
-    names = [_name(flag) for flag in unmodelled_on(inp, side)]
-    if not names:
-        return ""
-    named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-    return f"{named} set, which cannot lower the {phase} phase"
+    if rescuing(flags, phase):
+        return False, f"{why}; not modelled on the {side}: {named} can lower it, so at most at risk"
+    return True, f"{why}; {named} set, which cannot lower the {phase} phase" if flags else why
 
 
 def fitted(inp: Inputs) -> str:

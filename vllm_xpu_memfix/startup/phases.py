@@ -173,26 +173,21 @@ def _judge(inp: Inputs) -> Outcome:
             ("compute-runtime #916: every device allocation fails", codes.XE_PEER_CONTEXT_OOM)
         )
     for text, code in certain:
-        capped = limits.capped(inp, codes.DEVICE, text, codes.LOAD)
-        if capped is None:
-            stands = limits.cannot_rescue(inp, codes.DEVICE, codes.LOAD)
-            why = "; ".join(part for part in (text, stands) if part)
-            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, why, code)
+        fails, text = limits.stands(inp, codes.DEVICE, text, codes.LOAD)
+        if fails:
+            return Outcome(inp, phases, causes, codes.WILL_FAIL, start, text, code)
         if worst == codes.FITS:
-            worst, why, side = codes.AT_RISK, capped, codes.DEVICE
+            worst, why, side = codes.AT_RISK, text, codes.DEVICE
     for name, phase in phases.items():
         for where, judge in ((codes.DEVICE, _judge_device), (codes.HOST, _judge_host)):
             judged, share = judge(inp, name, phase)
             text = f"{where} at {name}: {share}"
             if judged == codes.RUNS_OUT:
-                capped = limits.capped(inp, where, text, name)
-                if capped is None:
-                    main = main_cause(causes, where)
-                    at = {"phase": name, "where": where}
-                    stands = limits.cannot_rescue(inp, where, name)
-                    text = "; ".join(part for part in (text, stands) if part)
+                fails, text = limits.stands(inp, where, text, name)
+                if fails:
+                    at, main = {"phase": name, "where": where}, main_cause(causes, where)
                     return Outcome(inp, phases, causes, codes.RUNS_OUT, at, text, main)
-                judged, text = codes.AT_RISK, capped
+                judged = codes.AT_RISK
             if judged == codes.AT_RISK and worst == codes.FITS:
                 worst, why, side = codes.AT_RISK, text, where
     oom = inp.xe_peer_condition
