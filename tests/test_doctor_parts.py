@@ -147,7 +147,7 @@ def test_an_unreadable_room_leaves_the_host_unjudged_and_says_so():
         four_b70(guard_applies=True), room=Room(None, CgroupMemory(problem="denied"))
     )
     out = outcome_for(measured, TP4)
-    assert out.verdict == "not judged" and not out.host_judged and out.device_judged
+    assert out.verdict == "not judged" and out.not_judged == ("host",)
     assert advice.notes_for(measured, out, TP4) == [
         "the host's room could not be read (cgroup unreadable (denied)): not judged"
     ]

@@ -298,7 +298,7 @@ def test_the_json_keeps_todays_keys_and_adds_the_phase_model(tmp_path, qwen):
     old = {"host", "gpus", "environment", "plugin", "model", "per_rank", "total", "verdict",
            "main_cause", "notes"}  # fmt: skip
     new = {"fails_at", "phases", "causes", "remedies", "assumed", "not_modelled", "machine",
-           "why", "host_judged", "device_judged", "not_helping", "serve_line"}  # fmt: skip
+           "why", "not_judged", "not_helping", "serve_line"}  # fmt: skip
     assert set(report) == old | new
     assert report["verdict"] in codes.VERDICTS
     assert list(report["phases"]) == list(codes.PHASES)

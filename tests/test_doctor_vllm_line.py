@@ -103,7 +103,7 @@ def test_the_cpu_platforms_defaults_are_not_taken_for_an_intel_gpu(models, monke
         None, None, None)  # fmt: skip
     assert "cpu platform" in reading.defaults and "--max-num-seqs" in reading.defaults
     given = vllmline.read([*line, "--max-num-seqs", "64"], {}, "0.32.0").args
-    assert given.max_num_seqs == 64 and given.config_checked
+    assert given.max_num_seqs == 64 and given.refused == ()
 
 
 def test_a_configuration_vllm_cannot_reach_is_not_a_refusal(tmp_path):

@@ -420,7 +420,7 @@ def check_outcome(name: str, case: str, run: str, home: Path) -> None:
             # The source says it served; where the case gives doctor no RAM, the host cannot
             # be judged, and "not judged" is the honest answer (never "fits": issue 57 class 2)
             # as long as the side it could judge fits.
-            assert not result["host_judged"] and result["device_judged"], result
+            assert result["not_judged"] == ["host"], result
             assert "ram_gib" not in load(case, "host.toml").get("host", {}), case
             return
         assert result["verdict"] in accepted, (result["verdict"], result.get("fails_at"))

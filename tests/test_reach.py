@@ -68,5 +68,5 @@ def test_a_field_that_can_build_fewer_weights_still_caps_a_load_failure(tmp_path
 def test_enforce_eager_caps_a_failure_at_the_warm_up_only(tmp_path, phase, capped):
     inputs = phases.Inputs(tp=1, utilization=0.9, device_bytes=32 * 2**30)
     eager = replace(inputs, not_modelled=("--enforce-eager",))
-    assert limits.capped(inputs, codes.DEVICE, "fails", phase) is None
-    assert (limits.capped(eager, codes.DEVICE, "fails", phase) is not None) is capped
+    assert limits.stands(inputs, codes.DEVICE, "fails", phase) == (True, "fails")
+    assert limits.stands(eager, codes.DEVICE, "fails", phase)[0] is not capped

@@ -120,7 +120,7 @@ def test_the_host_verdict_names_its_phase_and_share_of_the_room(share, verdict):
 
 def test_a_host_without_ram_figures_is_not_judged_on_the_host():
     out = judge(machine(1, B70, room_gib=None), 1e9)
-    assert out.verdict == codes.NOT_JUDGED and not out.host_judged and out.device_judged
+    assert out.verdict == codes.NOT_JUDGED and out.not_judged == (codes.HOST,)
 
 
 def two_layouts_on_one_b60(linear_params: float) -> phases.Inputs:
@@ -219,7 +219,7 @@ def test_the_fixes_and_the_model_take_their_figures_from_startup():
         "fixes/load_lock.py": "staging.per_rank(",
         "fixes/kv_headroom.py": "kv_reserve(",
         "fixes/driver_env.py": "driver.why_no_host_copy(",
-        "startup/phases.py": "driver.why_no_host_copy(",
+        "startup/inputs.py": "driver.why_no_host_copy(",
     }
     for module, call in uses.items():
         assert call in (PACKAGE / module).read_text(), module

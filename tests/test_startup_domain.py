@@ -121,7 +121,7 @@ def test_an_unknown_method_is_sized_from_4_bit_to_16_bit(tmp_path):
     assert (per_weight.low, per_weight.high) == (formats.NARROWEST, 2.0)
     assert per_weight.source is Source.ASSUMED
     b70 = phases.run(sizing.inputs_for(machine(1, B70), args, ckpt))
-    assert b70.verdict == codes.AT_RISK and b70.device_judged
+    assert b70.verdict == codes.AT_RISK and codes.DEVICE not in b70.not_judged
     assert "fits if the weights are at most 4-bit; runs out at 16-bit" in b70.why
     assert "compressed-tensors's width is not read" in b70.why
 
@@ -558,3 +558,18 @@ def test_a_long_context_on_an_unread_layout_is_at_risk_naming_the_kv_bytes_per_t
     )
     read = judge(tmp_path, machine(1, B70), "llama-3.1-8b-instruct-fp8", "--max-model-len", "32768")
     assert read.inputs.kv_per_token is None and read.verdict == codes.FITS
+
+
+def test_a_float32_checkpoint_keeps_a_16_bit_kv_cache_and_activations_under_auto(tmp_path):
+    """vLLM's "auto" serves float32 at 16 bits (issue 57, class 6): the KV cache and the
+    activations too, not only the weights; --dtype float32 keeps 4 bytes."""
+    config = json.loads((CONFIGS / "qwen3-32b.json").read_text())
+    (tmp_path / "f32").mkdir()
+    (tmp_path / "f32" / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}))
+    ckpt = read_checkpoint(tmp_path / "f32", int(PARAMS["qwen3-32b"]))
+    bf16 = judge(tmp_path, machine(2, B70), "qwen3-32b", "-tp", "2").inputs
+    for dtype, factor in (("auto", 1), ("float32", 2)):
+        args = sizing.ServeArgs(None, tensor_parallel_size=2, dtype=dtype)
+        f32 = sizing.inputs_for(machine(2, B70), args, ckpt)
+        assert f32.kv_bytes_per_token == factor * bf16.kv_bytes_per_token
+        assert f32.activation_bytes.high == factor * bf16.activation_bytes.high

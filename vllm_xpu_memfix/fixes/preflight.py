@@ -221,7 +221,7 @@ def judge_xpu(
         details.append("device not judged (its memory is unknown)")
     if facts.room.problem:
         details.append(f"host not judged: {facts.room.problem}")
-    if outcome.host_judged and machine.room is not None:
+    if codes.HOST not in outcome.not_judged and machine.room is not None:
         details.append(f"host need {outcome.host_need / GiB:,.1f} GiB of {machine.room / GiB:,.1f}")
     essential.append(f"main cause {outcome.main_cause}")
     if outcome.verdict != codes.FITS and judged.remedies:

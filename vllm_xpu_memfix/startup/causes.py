@@ -4,15 +4,12 @@ from the model's inputs and the phases it computed (``startup.phases``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from vllm_xpu_memfix.core.units import GiB, MiB, size
 from vllm_xpu_memfix.intel import catalog
 from vllm_xpu_memfix.intel import driver_facts as dfacts
 from vllm_xpu_memfix.startup import codes, limits
-
-if TYPE_CHECKING:
-    from vllm_xpu_memfix.startup.phases import Inputs, Phase
+from vllm_xpu_memfix.startup.inputs import Inputs, Phase
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from vllm_xpu_memfix.startup.sizing import ServeArgs
 
 def serve_args(vllm_config: Any, not_modelled: tuple[str, ...] = ()) -> ServeArgs:
     """The engine arguments the start-up model reads, from the engine's resolved
-    configuration (its checks passed: ``config_checked``); ``not_modelled``: the flags the
+    configuration (its checks passed: ``refused`` is empty); ``not_modelled``: the flags the
     user set that the model does not cover."""
     model = vllm_config.model_config
     cache = vllm_config.cache_config
@@ -43,7 +43,7 @@ def serve_args(vllm_config: Any, not_modelled: tuple[str, ...] = ()) -> ServeArg
         distributed_executor_backend=_backend_name(parallel.distributed_executor_backend),
         cpu_offload_gb=float(getattr(offload, "cpu_offload_gb", 0) or 0),
         not_modelled=not_modelled,
-        config_checked=True,
+        refused=(),
         kv_layout=_kv_layout(vllm_config),
     )
 

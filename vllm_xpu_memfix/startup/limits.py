@@ -5,49 +5,20 @@ fitted context, and the cap a flag outside the model (``domain``) puts on its si
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from vllm_xpu_memfix.startup import domain, reach
-from vllm_xpu_memfix.startup.kv_layout import UNREAD, KvLayout
-
-if TYPE_CHECKING:
-    from vllm_xpu_memfix.startup import phases
+from vllm_xpu_memfix.startup.inputs import Inputs
 
 
-def keeps_kv(inp: phases.Inputs) -> bool:
+def keeps_kv(inp: Inputs) -> bool:
     """Whether vLLM allocates a KV cache (an encoder-only model keeps none; the device then
     holds the weights and activations, not the utilisation's share)."""
     return inp.kv_layout is None or inp.kv_layout.allocates
 
 
-def kv_of(inp: phases.Inputs) -> tuple[KvLayout, float] | None:
-    """The KV layout and its element's bytes: the layout read, else (``kv_layout.UNREAD``)
-    the high end of the bytes per token; None where no KV cache is kept or nothing is
-    known of it."""
-    if inp.kv_layout is not None:
-        return (inp.kv_layout, inp.kv_element_bytes) if inp.kv_layout.allocates else None
-    return None if inp.kv_per_token is None else (UNREAD, inp.kv_per_token.high)
-
-
-def kv_bytes_per_token(inp: phases.Inputs) -> float | None:
-    """Per rank, what a long sequence adds per token (the layers keeping every one)."""
-    kv = kv_of(inp)
-    return kv[0].per_token(inp.tp, kv[1]) if kv else None
-
-
-def kv_tokens(inp: phases.Inputs) -> int | None:
-    """The longest sequence one rank's KV cache holds, at most the judged context (or the
-    model's own), as vLLM sizes one sequence (``kv_layout.KvLayout.tokens_within``)."""
-    kv, found = inp.kv_cache, kv_of(inp)
-    if kv is None or found is None:
-        return None
-    limit = inp.max_model_len or inp.model_max_len or 2**31 - 1
-    return found[0].tokens_within(max(kv, 0.0), inp.tp, found[1], limit)
-
-
-def kv_shortfall(inp: phases.Inputs) -> float:
+def kv_shortfall(inp: Inputs) -> float:
     """Bytes one --max-model-len sequence needs beyond one rank's KV cache."""
-    found = kv_of(inp)
+    found = inp.kv_of()
     if found is None or inp.kv_cache is None or not inp.max_model_len:
         return 0.0
     layout, element = found
@@ -55,7 +26,7 @@ def kv_shortfall(inp: phases.Inputs) -> float:
     return max(0.0, need + layout.reserved(inp.tp, element) - inp.kv_cache)
 
 
-def short_context(inp: phases.Inputs) -> bool:
+def short_context(inp: Inputs) -> bool:
     """vLLM's check at KV cache allocation: one --max-model-len sequence must fit."""
     tokens = inp.kv_tokens
     if inp.max_model_len_fitted or tokens is None or not inp.max_model_len:
@@ -63,12 +34,12 @@ def short_context(inp: phases.Inputs) -> bool:
     return 0 < tokens < inp.max_model_len
 
 
-def ranks_over_gpus(inp: phases.Inputs) -> bool:
+def ranks_over_gpus(inp: Inputs) -> bool:
     """More ranks on this node than GPUs visible: vLLM cannot place them."""
     return inp.ranks_placed and 0 < inp.gpus_in_context < inp.host_ranks
 
 
-def ranks_why(inp: phases.Inputs) -> str:
+def ranks_why(inp: Inputs) -> str:
     if inp.host_ranks == inp.tp:
         return (
             f"--tensor-parallel-size {inp.tp} needs {inp.tp} GPUs; {inp.gpus_in_context} "
@@ -80,15 +51,16 @@ def ranks_why(inp: phases.Inputs) -> str:
     )
 
 
-def vllm_refusals(inp: phases.Inputs) -> list[str]:
+def vllm_refusals(inp: Inputs) -> list[str]:
     """vLLM's refusals read before any memory: vLLM's own where it built the configuration
-    (``config_checked``), else the model's hand-written ones: the context (``context``) and
-    TP against the heads (vllm/config/model.py:ModelConfig.verify_with_parallel_config), the
-    latter also for a TP vLLM did not check (a remedy's, ``resizing.with_tp``). The format
+    at this TP (``checked_tp``), else the model's hand-written ones: the context
+    (``context``) and TP against the heads
+    (vllm/config/model.py:ModelConfig.verify_with_parallel_config), the latter also for a TP
+    vLLM did not check (a remedy's, ``resizing.with_tp``). The format
     on XPU stays in either case: the test bed's vLLM checks its own platform."""
     found = list(inp.refusals)
     heads = inp.attention_heads
-    if heads and heads % inp.tp and not inp.config_checked:
+    if heads and heads % inp.tp and inp.tp != inp.checked_tp:
         found.append(
             f"total number of attention heads ({heads}) must be divisible by tensor parallel "
             f"size ({inp.tp}) (vllm/config/model.py:ModelConfig.verify_with_parallel_config)"
@@ -96,7 +68,7 @@ def vllm_refusals(inp: phases.Inputs) -> list[str]:
     return found
 
 
-def unmodelled_on(inp: phases.Inputs, side: str) -> list[str]:
+def unmodelled_on(inp: Inputs, side: str) -> list[str]:
     """The flags set that the model does not cover and that change ``side``."""
     return [flag for flag in inp.not_modelled if domain.side_of(flag) in (side, domain.BOTH)]
 
@@ -111,28 +83,19 @@ def rescuing(flags: Iterable[str], phase: str) -> list[str]:
     return [name for name in names if reach.can_lower(domain.field_of(name) or "", phase)]
 
 
-def capped(inp: phases.Inputs, side: str, why: str, phase: str) -> str | None:
-    """``why``, a failure at ``phase`` on ``side``, capped at "at risk" where a
-    not-modelled flag could lower that phase there (``reach``), naming it; else None: the
-    failure stands, whatever else is set."""
-    names = rescuing(unmodelled_on(inp, side), phase)
-    if not names:
-        return None
+def stands(inp: Inputs, side: str, why: str, phase: str) -> tuple[bool, str]:
+    """Whether ``why``, a failure at ``phase`` on ``side``, stands: not where a not-modelled
+    flag could lower that phase there (``reach``; then at most "at risk"), naming it; where
+    it stands, naming the flags set there that cannot."""
+    flags = unmodelled_on(inp, side)
+    names = rescuing(flags, phase) or [_name(flag) for flag in flags]
     named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-    return f"{why}; not modelled on the {side}: {named} can lower it, so at most at risk"
+    if rescuing(flags, phase):
+        return False, f"{why}; not modelled on the {side}: {named} can lower it, so at most at risk"
+    return True, f"{why}; {named} set, which cannot lower the {phase} phase" if flags else why
 
 
-def cannot_rescue(inp: phases.Inputs, side: str, phase: str) -> str:
-    """The not-modelled flags set on ``side`` that cannot lower ``phase``, in a clause
-    for a failure that stands; "" where none is set."""
-    names = [_name(flag) for flag in unmodelled_on(inp, side)]
-    if not names:
-        return ""
-    named = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-    return f"{named} set, which cannot lower the {phase} phase"
-
-
-def fitted(inp: phases.Inputs) -> str:
+def fitted(inp: Inputs) -> str:
     tokens = inp.kv_tokens
     if not inp.max_model_len_fitted:
         return ""

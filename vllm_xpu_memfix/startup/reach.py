@@ -4,7 +4,7 @@ the memory a phase needs, lower it, either, or nothing.
 "Lower" means the field could turn a failure there into a start-up that passes the phase:
 less memory needed, or a KV cache that holds more tokens. Only a field that can lower
 the phase that fails makes the model's "will run out of memory" uncertain
-(``limits.capped``); a field that can only raise it, or acts in another phase, leaves the
+(``limits.stands``); a field that can only raise it, or acts in another phase, leaves the
 failure standing. "Either" is the safe class (it caps as a field of unknown effect does),
 taken wherever vLLM's code does not settle the direction.
 

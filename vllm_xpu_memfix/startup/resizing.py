@@ -19,13 +19,12 @@ HIGHEST_UTILIZATION = 0.99  # vLLM takes up to 1.0; the model judges each value
 
 def with_tp(inp: model.Inputs, tp: int) -> model.Inputs:
     """``inp`` at another TP size: each rank a share of the weights and KV heads (the
-    KV layout splits them, as vLLM does); a TP vLLM has not checked, so the model's own
-    rules judge it."""
+    KV layout splits them, as vLLM does); a TP vLLM has not checked (``checked_tp``), so
+    the model's own rules judge it."""
     ranks = inp.host_ranks // (inp.tp * inp.pp) * tp * inp.pp
     return replace(
         inp,
         tp=tp,
-        config_checked=False,
         ranks_here=ranks,
         gpus_in_context=max(ranks, inp.gpus_in_context),
     )

@@ -15,6 +15,7 @@ from vllm_xpu_memfix.memory.checkpoint import Checkpoint, text_config
 from vllm_xpu_memfix.memory.estimate import BurstShape, estimate_sampler_burst
 from vllm_xpu_memfix.startup import context, formats, kv_layout, layout, phases, reserve
 from vllm_xpu_memfix.startup.known import Known, Source, exact
+from vllm_xpu_memfix.startup.kv_layout import config_int
 
 # Quantization methods that convert 16-bit weights while loading, through the host.
 ON_THE_FLY_QUANT = frozenset(formats.ON_THE_FLY)
@@ -64,12 +65,11 @@ class ServeArgs:
     enable_expert_parallel: bool = False
     distributed_executor_backend: str | None = None
     cpu_offload_gb: float = 0.0
-    # True where vLLM built the configuration from these arguments (doctor's vLLM path,
-    # the preflight): its configuration-time checks ran, so the model's hand-written ones
-    # (``limits.vllm_refusals``, ``context.refusal``) stay out; ``refused``: vLLM's own
-    # messages where it refused to build it.
-    config_checked: bool = False
-    refused: tuple[str, ...] = ()
+    # vLLM's own refusals where it built the configuration from these arguments (doctor's
+    # vLLM path, the preflight; () where it accepted them): its checks ran, so the model's
+    # hand-written ones (``limits.vllm_refusals``, ``context.refusal``) stay out. None:
+    # vLLM did not build it.
+    refused: tuple[str, ...] | None = None
     # Flags of a pasted serve line (or EngineArgs fields, in the preflight) set away from
     # their default that the model does not cover, as given.
     not_modelled: tuple[str, ...] = ()
@@ -111,33 +111,26 @@ def quantization_config(ckpt: Checkpoint | None) -> dict[str, Any] | None:
     return quant if isinstance(quant, dict) else None
 
 
-def checkpoint_format(ckpt: Checkpoint | None) -> formats.Format | None:
-    """The format a checkpoint was quantized to ahead of time, from its own metadata
-    (config.json's ``quantization_config``, a GGUF header). Never from the model's name."""
-    return formats.from_config(quantization_config(ckpt))
-
-
 def weight_format(ckpt: Checkpoint | None, args: ServeArgs) -> formats.Format:
-    """The checkpoint's own format, else ``-q``'s (converted while loading), else none."""
-    own = checkpoint_format(ckpt)
+    """The checkpoint's own format (from its metadata: config.json's
+    ``quantization_config``, a GGUF header; never from the model's name), else ``-q``'s
+    (converted while loading), else none."""
+    own = formats.from_config(quantization_config(ckpt))
     if own is not None:
         return own
     given = (args.quantization or "").lower()
     return formats.given(given) if given else formats.Format("", 2.0, False)
 
 
-_config_int = kv_layout.config_int
-
-
 def _largest_from_config(config: dict[str, Any]) -> tuple[float, str]:
     """The largest staged unit from config.json's sizes, where no tensor header was read."""
     text = text_config(config)
-    hidden = _config_int(text, "hidden_size")
+    hidden = config_int(text, "hidden_size")
     if hidden is None:
         return 0.0, "no linear layer known (neither tensor headers nor config sizes)"
-    linear = float(hidden * (_config_int(text, "intermediate_size") or hidden))
-    experts = _config_int(text, "num_experts", "num_local_experts", "n_routed_experts")
-    expert_inter = _config_int(text, "moe_intermediate_size")
+    linear = float(hidden * (config_int(text, "intermediate_size") or hidden))
+    experts = config_int(text, "num_experts", "num_local_experts", "n_routed_experts")
+    expert_inter = config_int(text, "moe_intermediate_size")
     if experts and expert_inter and 2 * experts * expert_inter * hidden > linear:
         return float(2 * experts * expert_inter * hidden), "an MoE side (from config.json)"
     return linear, "a linear layer (from config.json)"
@@ -148,17 +141,17 @@ def params_from_config(config: dict[str, Any]) -> int | None:
     the embedding (and an untied head), then per layer the attention projections and a
     gated MLP. None for an MoE model or where a size is missing."""
     text = text_config(config)
-    hidden = _config_int(text, "hidden_size")
-    layers = _config_int(text, "num_hidden_layers")
-    vocab = _config_int(text, "vocab_size")
-    inter = _config_int(text, "intermediate_size")
-    heads = _config_int(text, "num_attention_heads")
-    if not (hidden and layers and vocab and inter and heads) or _config_int(
+    hidden = config_int(text, "hidden_size")
+    layers = config_int(text, "num_hidden_layers")
+    vocab = config_int(text, "vocab_size")
+    inter = config_int(text, "intermediate_size")
+    heads = config_int(text, "num_attention_heads")
+    if not (hidden and layers and vocab and inter and heads) or config_int(
         text, "num_experts", "num_local_experts", "n_routed_experts"
     ):
         return None
-    head_dim = _config_int(text, "head_dim") or hidden // heads
-    kv_heads = _config_int(text, "num_key_value_heads") or heads
+    head_dim = config_int(text, "head_dim") or hidden // heads
+    kv_heads = config_int(text, "num_key_value_heads") or heads
     attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2)
     return embeddings + layers * (attention + 3 * hidden * inter)
@@ -260,7 +253,7 @@ def kv_cache_layout(
         pp=args.pipeline_parallel_size,
         directory=ckpt.directory,
     )
-    layers = _config_int(text, "num_hidden_layers")
+    layers = config_int(text, "num_hidden_layers")
     if found is None or not (layers and stage_layers):
         return found
     return replace(found, share=stage_layers / layers)
@@ -300,7 +293,7 @@ def _activations(ckpt: Checkpoint | None, args: ServeArgs, hidden: int | None) -
     tokens = args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
     tp = args.tensor_parallel_size
     if hidden:
-        inter = _config_int(text, "intermediate_size", "moe_intermediate_size") or 0
+        inter = config_int(text, "intermediate_size", "moe_intermediate_size") or 0
         return exact(float(tokens * (4 * hidden + 2 * inter / tp) * dtype), "config.json")
     widest = (float(ckpt.total_bytes) / 2 / 96) ** 0.5 if ckpt else 0.0
     high = tokens * (4 + 8 / tp) * widest * dtype
@@ -313,10 +306,10 @@ def _forward(ckpt: Checkpoint | None, args: ServeArgs, sampler: bool) -> tuple[K
     text = text_config(ckpt.config) if ckpt else {}
     dtype = _logits_bytes(args, ckpt)
     tokens = args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
-    hidden = _config_int(text, "hidden_size")
+    hidden = config_int(text, "hidden_size")
     tp = args.tensor_parallel_size
     activations = _activations(ckpt, args, hidden)
-    vocab = _config_int(text, "vocab_size")
+    vocab = config_int(text, "vocab_size")
     burst = None
     if vocab and sampler:
         try:
@@ -396,19 +389,20 @@ def _model_facts(ckpt: Checkpoint | None, args: ServeArgs, machine: Machine) -> 
     own = context.model_max_len(config)
     fmt = weight_format(ckpt, args)
     length = args.max_model_len
-    asked = "" if args.config_checked else context.refusal(length, config, machine.environ)
+    checked = args.refused is not None
+    asked = "" if checked else context.refusal(length, config, machine.environ)
     if length is None and not args.max_model_len_fitted and own is not None:
         length = own[0]  # vLLM's default: the model's own context
     return {
-        "attention_heads": _config_int(text, "num_attention_heads"),
+        "attention_heads": config_int(text, "num_attention_heads"),
         "model_max_len": None if own is None else own[0],
         "max_model_len": length,
         "max_model_len_fitted": args.max_model_len_fitted,
-        "config_checked": args.config_checked,
+        "checked_tp": args.tensor_parallel_size if checked else 0,
         "refusals": tuple(
             why
             for why in (
-                *args.refused,
+                *(args.refused or ()),
                 fmt.xpu_refusal,
                 asked,
             )

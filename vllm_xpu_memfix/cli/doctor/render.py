@@ -31,8 +31,7 @@ class Report:
     verdict: str
     main_cause: str  # a cause code
     why: str = ""  # where and how much: "host at kv_cache: 91% of the host's room"
-    host_judged: bool = True
-    device_judged: bool = True
+    not_judged: tuple[str, ...] = ()  # the sides (host, device) nothing could judge
     notes: list[str] = field(default_factory=list)
     machine: str = "this machine"
     fails_at: dict[str, str] | None = None
@@ -56,9 +55,9 @@ def verdict_line(report: Report) -> str:
     """``Verdict: AT RISK (host at kv_cache: 91% of the host's room; main cause: ...)``."""
     parts = [report.why] if report.why else []
     parts.append(f"main cause: {report.main_cause}")
-    if not report.host_judged:
+    if codes.HOST in report.not_judged:
         parts.append("not judged on the host: no RAM figures")
-    if not report.device_judged:
+    if codes.DEVICE in report.not_judged:
         parts.append("not judged on the device: its memory is not known")
     return f"Verdict: {report.verdict.upper()} ({'; '.join(parts)})"
 

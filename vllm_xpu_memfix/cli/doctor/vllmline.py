@@ -474,7 +474,7 @@ def read(
                     raise serveline.ServeLineError(why) from None
                 not_built = f"not built by vLLM ({elsewhere or message}); the model's own checks"
                 return Reading(given, parser, unknown, not_built, XPU_DEFAULTS)
-            refused = replace(given, config_checked=True, refused=(message,))
+            refused = replace(given, refused=(message,))
             said = f"refused by vLLM {version}: {message}"
             fixes = _fixes(namespace, message)
             return Reading(refused, parser, unknown, said, XPU_DEFAULTS, fixes)
