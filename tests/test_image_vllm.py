@@ -165,3 +165,33 @@ def test_a_flag_the_images_vllm_lacks_is_said(model):
     out = judged("--image", "0.26.0-b2", *line)
     assert "vLLM 0.26.0 has no --max-num-active-seqs: its parser refuses the line" in out["assumed"]
     assert not any("has no" in note for note in judged(*line)["assumed"])
+
+
+def test_intels_ipex_gptq_moe_adds_its_first_forward_on_the_images_that_run_it(tmp_path):
+    """llm-scaler #348: IPEX's GatedMLPMOE takes about 400 MB more in each GPTQ MoE layer's
+    first forward; the 0.14 images run it (their patch's XPUGPTQMarlinMoEMethod), the 0.21
+    ones do not. Qwen3-30B-A3B at GPTQ 4-bit on one B70 fits under 0.21.0-b2; under
+    0.14.0-b8.2.1 it is at risk, naming the transient (one layer's to all 48 layers')."""
+    assert catalog.image_named("0.14.0-b8.2.1").ipex_gptq_moe
+    assert not catalog.image_named("0.21.0-b2").ipex_gptq_moe
+    directory = tmp_path / "qwen3-30b-a3b-gptq"
+    directory.mkdir()
+    config = json.loads((DATA / "configs" / "qwen3-30b-a3b.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (directory / "config.json").write_text(json.dumps(config))
+    host = host_file(tmp_path, B70_HOST)
+
+    def on(image: str, model: Path) -> dict:
+        return json.loads(
+            doctor(
+                "--json", "--params", "30.5B", "--host", host, "--image", image, str(model)
+            ).stdout
+        )
+
+    newer, older = on("0.21.0-b2", directory), on("0.14.0-b8.2.1", directory)
+    assert newer["verdict"] == "fits" and "llm-scaler #348" not in newer["why"]
+    assert older["verdict"] == "at risk" and "IPEX GatedMLPMOE" in older["why"]
+    assert older["phases"]["kv_cache"]["device_gib"] > newer["phases"]["kv_cache"]["device_gib"]
+    config.pop("quantization_config")
+    (directory / "config.json").write_text(json.dumps(config))
+    assert "IPEX GatedMLPMOE" not in on("0.14.0-b8.2.1", directory)["why"]  # 16-bit: not GPTQ

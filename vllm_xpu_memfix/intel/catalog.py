@@ -116,6 +116,22 @@ class Image:
     def duplicate_layout(self) -> bool:
         return self.int4_bytes_per_weight > ONE_LAYOUT
 
+    @property
+    def ipex_gptq_moe(self) -> bool:
+        """Whether the image's GPTQ MoE layers run IPEX's ``GatedMLPMOE``."""
+        return self.tag in IPEX_GPTQ_MOE
+
+
+# The images whose vllm_for_multi_arc.patch adds XPUGPTQMarlinMoEMethod to ipex_quant.py,
+# which builds an ipex.llm.modules.GatedMLPMOE for each GPTQ MoE layer (tags vllm-0.10.2-b6,
+# vllm-1.3 (image 0.11.1-b7), vllm-0.14.0-b8.2, -b8.2.1, -b8.3); upstream vLLM builds one
+# only for FP8 MoE, and the 0.21 and 0.26 patches build none.
+IPEX_GPTQ_MOE = frozenset({"0.10.2-b6", "0.11.1-b7", "0.14.0-b8.2", "0.14.0-b8.2.1", "0.14.0-b8.3"})
+# llm-scaler #348 (a maintainer, 2026-04-27): GatedMLPMOE takes about 400 MB more in the
+# first forward pass of each layer (Qwen3.5-35B-A3B-GPTQ-Int4 on one card: TP 2 needed).
+# Whether each layer keeps it is not said, so from one layer's to every layer's.
+IPEX_MOE_FIRST_FORWARD = 400 * 2**20
+
 
 # What the Dockerfiles set (llm-scaler tags, vllm/docker/Dockerfile ENV lines, read in
 # docs/research/intel-images-and-driver.md, table A.2). No tag sets a driver debug key.

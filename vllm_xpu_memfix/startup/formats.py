@@ -168,11 +168,14 @@ def prequantized_bytes(method: str, config: dict[str, Any]) -> float | None:
     return None
 
 
+GPTQ = frozenset({"gptq", "auto_gptq", "gptq_marlin"})
+
+
 def widths(method: str) -> tuple[float, float]:
     """The bytes per weight a checkpoint of ``method`` can have where its config was not
     read: GPTQ's 4 or 8 bits, AWQ's 4 (auto_awq.py TYPE_MAP, 0.32.0), in groups of 32 to
     128; any other method from 4-bit to 16-bit."""
-    if method in ("gptq", "auto_gptq", "gptq_marlin"):
+    if method in GPTQ:
         return _grouped(4, 128), _grouped(8, 32)
     if method in _INT_GROUPED:
         return _grouped(4, 128), _grouped(4, 32)

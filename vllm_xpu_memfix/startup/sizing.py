@@ -99,6 +99,7 @@ class Machine:
     load_slots: int | None = None
     legacy_load: tuple[bool, str] = (False, "")
     int4_layouts: int = 1
+    ipex_gptq_moe: bool = False  # the image's GPTQ MoE runs IPEX (catalog.IPEX_GPTQ_MOE)
 
 
 def quantization_config(ckpt: Checkpoint | None) -> dict[str, Any] | None:
@@ -326,6 +327,26 @@ def _forward(ckpt: Checkpoint | None, args: ServeArgs, sampler: bool) -> tuple[K
     return activations, burst
 
 
+def _with_ipex_moe(
+    activations: Known, machine: Machine, fmt: str, ckpt: Checkpoint | None, layers: int | None
+) -> Known:
+    """The forward pass with what IPEX's GatedMLPMOE adds to a GPTQ MoE's first one on the
+    images that run it (llm-scaler #348: catalog.IPEX_MOE_FIRST_FORWARD from one layer to
+    each of the stage's layers)."""
+    text = text_config(ckpt.config) if ckpt else {}
+    moe = _config_int(text, "num_experts", "num_local_experts", "n_routed_experts")
+    if not (machine.ipex_gptq_moe and moe and layers and fmt in formats.GPTQ):
+        return activations
+    each = float(catalog.IPEX_MOE_FIRST_FORWARD)
+    return Known.between(
+        activations.low + each,
+        activations.high + each * layers,
+        Source.ASSUMED,
+        f"{activations.origin}; IPEX GatedMLPMOE's first forward (llm-scaler #348)",
+        "whether each layer keeps it is not known",
+    )
+
+
 def _load_mode(machine: Machine, args: ServeArgs, quant: str, unit: str) -> tuple[bool, str]:
     """Whether sym_int4's legacy load buffers each rank's whole shard, and why."""
     holds_shard, why = machine.legacy_load
@@ -423,6 +444,7 @@ def inputs_for(machine: Machine, args: ServeArgs, ckpt: Checkpoint | None) -> ph
     share, _ = layout.largest_stage({}, 1.0, place.pp)
     unread = _kv_unread(ckpt, args, share) if kv is None and ckpt is not None else None
     activations, burst = _forward(ckpt, args, kv is None or kv.sampler)
+    activations = _with_ipex_moe(activations, machine, fmt.method, ckpt, stage_layers)
     weights = _weights(machine, args, ckpt, fmt, place) if ckpt is not None else {}
     return phases.Inputs(
         tp=args.tensor_parallel_size,

@@ -4,7 +4,7 @@ the checkpoint. Files only; nothing is loaded or started."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllm_xpu_memfix.cli import compat
@@ -90,8 +90,9 @@ class Measurement:
         )
 
     def machine(self) -> Machine:
-        """This measurement as the start-up model reads a machine (``host.machine``)."""
-        return host.machine(
+        """This measurement as the start-up model reads a machine (``host.machine``), with
+        what its image runs."""
+        found = host.machine(
             self.host_facts(),
             self.settings,
             self.effective_env(),
@@ -102,6 +103,7 @@ class Measurement:
             p2p=self.p2p,
             int4_layouts=self.int4_layouts,
         )
+        return replace(found, ipex_gptq_moe=bool(self.image and self.image.ipex_gptq_moe))
 
 
 def _params_dtype(args: ServeArgs) -> str:
