@@ -1,7 +1,8 @@
 """doctor beside hf-mem 0.5.6 on the same stand-in Hub (tests/helpers/hub_standin.py,
 serving recorded real metadata), for 5 models: wall time and peak RSS (the process's
-``ru_maxrss``) of a fresh interpreter each, the arms alternating, ``--rounds`` each;
-medians, and doctor's time over hf-mem's. A first, untimed round writes both tools'
+``VmHWM``) of a fresh interpreter each, the arms alternating, ``--rounds`` each;
+medians, and doctor's time over hf-mem's; each run's CPU time too, steadier than the wall
+time on a loaded host. A first, untimed round writes both tools'
 bytecode caches, as ``pip install`` does (``PYTHONDONTWRITEBYTECODE`` is dropped).
 
 doctor plans an XPU host from this CPU machine (``--image``, a 24 GiB device), so the
@@ -23,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,9 +46,11 @@ MODELS = (
 IMAGE = "intel/llm-scaler-vllm:0.26.0-b2"
 CONTEXT = "8192"
 HEAVY = ("vllm", "torch", "transformers")
+# VmHWM, not ru_maxrss: Linux carries the forking parent's peak (this process, holding the
+# stand-in's data) into the child's ru_maxrss across exec; VmHWM is the new image's own.
 PEAK = (
-    "import atexit, json, resource, sys; atexit.register(lambda: print(json.dumps({"
-    "'kb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+    "import atexit, json, re, sys; atexit.register(lambda: print(json.dumps({'kb': int("
+    "re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)), "
     f"'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}), file=sys.stderr)); "
 )
 DOCTOR = PEAK + "from vllm_xpu_memfix.cli import main; sys.exit(main())"
@@ -58,8 +62,12 @@ HF_MEM = PEAK + (
 )
 
 
-def _run(code: str, argv: list[str], env: dict[str, str]) -> tuple[float, float, int, list[str]]:
-    """(seconds, peak RSS in MB, exit status, heavy modules imported) of one interpreter."""
+def _run(
+    code: str, argv: list[str], env: dict[str, str]
+) -> tuple[float, float, int, list[str], float]:
+    """(seconds, peak RSS in MB, exit status, heavy modules imported, CPU seconds) of one
+    interpreter."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", code, *argv],
@@ -68,8 +76,10 @@ def _run(code: str, argv: list[str], env: dict[str, str]) -> tuple[float, float,
         text=True,
     )
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     last = json.loads(result.stderr.strip().splitlines()[-1])
-    return seconds, last["kb"] / 1024, result.returncode, last["heavy"]
+    return seconds, last["kb"] / 1024, result.returncode, last["heavy"], cpu
 
 
 def main() -> int:
@@ -78,7 +88,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    found: dict[tuple[str, str], list[tuple[float, float, int, list[str]]]] = {}
+    found: dict[tuple[str, str], list[tuple[float, float, int, list[str], float]]] = {}
     with Server() as hub, tempfile.TemporaryDirectory(prefix="doctor-vs-hf-mem-") as scratch:
         online = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"}
         for round_ in range(-1, args.rounds):  # -1: untimed, writes the bytecode caches
@@ -102,9 +112,10 @@ def main() -> int:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
         f"{os.getloadavg()[0]:.2f}; weight files asked for whole: {weights}",
         "",
-        "| model | doctor median s | hf-mem median s | doctor / hf-mem | doctor peak RSS MB "
-        "| hf-mem peak RSS MB | doctor exit | hf-mem exit | imported by doctor |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | doctor median s | hf-mem median s | doctor / hf-mem | CPU s, doctor / hf-mem "
+        "| doctor peak RSS MB | hf-mem peak RSS MB | doctor exit | hf-mem exit "
+        "| imported by doctor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
     for model in MODELS:
@@ -114,6 +125,8 @@ def main() -> int:
         heavy = sorted({m for r in ours for m in r[3]}) or ["none of vllm, torch, transformers"]
         rows.append(
             f"| {model} | {mine:.2f} | {other:.2f} | {mine / other:.2f} | "
+            f"{statistics.median(r[4] for r in ours):.2f} / "
+            f"{statistics.median(r[4] for r in theirs):.2f} | "
             f"{statistics.median(r[1] for r in ours):.0f} | "
             f"{statistics.median(r[1] for r in theirs):.0f} | "
             f"{','.join(sorted({str(r[2]) for r in ours}))} | "

@@ -355,3 +355,33 @@ def test_a_hub_header_that_does_not_fit_its_file_is_named_whatever_params_say(tm
         env = {"HF_ENDPOINT": hub_.url, "HF_HUB_CACHE": str(tmp_path / "c"), "HF_HUB_OFFLINE": "0"}
         line = refused(doctor("org/short", "--params", "8B", **env))
     assert line.startswith("doctor: org/short on the Hub, model.safetensors: the tensors cover")
+
+
+NOT_IMPORTED = """
+import runpy, sys
+sys.argv = ["vllm-xpu-memfix", *sys.argv[1:]]
+try:
+    runpy.run_module("vllm_xpu_memfix.cli", run_name="__main__")
+finally:
+    print(sorted(m for m in ("vllm", "torch", "transformers") if m in sys.modules), file=sys.stderr)
+"""
+
+
+def test_planning_an_xpu_host_on_a_hub_id_imports_neither_vllm_nor_torch(standin, online):
+    """Issue 57, item 4: this CPU machine's vLLM cannot answer for the image's release and
+    platform, so the recorded facts answer (benchmarks/doctor_vs_hf_mem.py times it)."""
+    line = ["--", "vllm", "serve", "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8"]
+    image = ["--image", "intel/llm-scaler-vllm:0.26.0-b2", "--device-memory-gib", "24"]
+    result = subprocess.run(
+        [sys.executable, "-c", NOT_IMPORTED, "doctor", *image, "--json", *line],
+        env=clean_env(**online),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+    got = json.loads(result.stdout)
+    assert got["serve_line"]["parser"].startswith("doctor's own parser (the line is judged for")
+    assert got["model"]["quantization"] == "compressed-tensors float 8-bit"
+    assert got["model"]["checkpoint_bytes"] == recorded_data_bytes("llama-3.1-8b-instruct-fp8")

@@ -14,6 +14,7 @@ it is installed. Nothing here ever raises into vLLM.
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import logging
 import sys
@@ -21,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-
-import wrapt
 
 from vllm_xpu_memfix.core.log import get_logger
 
@@ -103,18 +102,32 @@ class State(str, Enum):
     REVERTED = "reverted"
 
 
-class _PatchWrapper(wrapt.FunctionWrapper):
-    """Marks a wrapper as ours and remembers which patch made it."""
+@functools.cache
+def _patch_wrapper() -> Any:
+    """The wrapper class, made on first use: wrapt (and the asyncio it imports) is a
+    tenth of a second that doctor and the other commands, which patch nothing, skip."""
+    import wrapt
 
-    def __init__(self, wrapped: Any, wrapper: Wrapper, key: tuple[str, str]) -> None:
-        super().__init__(wrapped, wrapper)
-        self._self_patch_key = key
+    class _PatchWrapper(wrapt.FunctionWrapper):
+        """Marks a wrapper as ours and remembers which patch made it."""
+
+        def __init__(self, wrapped: Any, wrapper: Wrapper, key: tuple[str, str]) -> None:
+            super().__init__(wrapped, wrapper)
+            self._self_patch_key = key
+
+    return _PatchWrapper
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_PatchWrapper":
+        return _patch_wrapper()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _wrapped_by(obj: Any, key: tuple[str, str]) -> bool:
     """Whether ``obj`` or anything it wraps is the wrapper of patch ``key``."""
     seen = 0
-    while isinstance(obj, _PatchWrapper) and seen < 64:
+    while isinstance(obj, _patch_wrapper()) and seen < 64:
         if obj._self_patch_key == key:
             return True
         obj, seen = obj.__wrapped__, seen + 1
@@ -185,6 +198,8 @@ class Patcher:
                 patch.target,
                 record.reason,
             )
+        import wrapt
+
         wrapt.register_post_import_hook(lambda _module: self._apply(patch.key), patch.module)
 
     def install_all(self, patches: tuple[Patch, ...]) -> None:
@@ -196,6 +211,8 @@ class Patcher:
         if record is None or record.state is not State.WAITING:
             return
         target = record.patch.target
+        import wrapt
+
         try:
             parent, attribute, original = wrapt.resolve_path(
                 record.patch.module, record.patch.attr_path
@@ -219,7 +236,7 @@ class Patcher:
             return
         record.inherited = isinstance(parent, type) and attribute not in vars(parent)
         wrapper = self._once(record.patch) if record.patch.once else record.patch.wrapper
-        wrapt.apply_patch(parent, attribute, _PatchWrapper(original, wrapper, key))
+        wrapt.apply_patch(parent, attribute, _patch_wrapper()(original, wrapper, key))
         record.parent, record.original = parent, original
         record.state, record.reason = State.APPLIED, ""
         logger.debug("vllm-xpu-memfix: fix %s applied to %s", record.patch.fix, target)
@@ -261,7 +278,7 @@ class Patcher:
             return
         attribute = record.patch.attr_path.rpartition(".")[2]
         current = vars(record.parent).get(attribute)
-        if not (isinstance(current, _PatchWrapper) and current._self_patch_key == key):
+        if not (isinstance(current, _patch_wrapper()) and current._self_patch_key == key):
             record.reason = "not reverted: wrapped again by another patch"
             return
         if record.inherited:
