@@ -47,8 +47,29 @@ def run_report(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[s
 
 
 def cell(text: str, name: str) -> str:
-    (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} |")]
-    return row.split(" | ", 1)[1].rstrip(" |")
+    """The value of the report's row ``name``: a table row, or a list item wrapped over
+    lines where the table would pass 100 columns."""
+    lines = text.splitlines()
+    rows = [line for line in lines if line.startswith(f"| {name} |")]
+    if rows:
+        (row,) = rows
+        return row.split(" | ", 1)[1].rstrip(" |")
+    (at,) = [n for n, line in enumerate(lines) if line.startswith(f"- **{name}**: ")]
+    item = [lines[at].split(": ", 1)[1]]
+    for line in lines[at + 1 :]:
+        if not line.startswith("  "):
+            break
+        item.append(line.strip())
+    return " ".join(item)
+
+
+def test_the_report_reads_in_a_terminal_100_columns_wide(tmp_path):
+    """The machine's rows pass 100 columns as a table: a list, every line within 100."""
+    result = run_report({"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    head = result.stdout.split("Environment (", 1)[0]
+    assert "- **switches**: " in head and "| switches |" not in head
+    assert max(map(len, head.splitlines())) <= 100
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
