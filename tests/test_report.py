@@ -47,8 +47,29 @@ def run_report(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[s
 
 
 def cell(text: str, name: str) -> str:
-    (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} |")]
-    return row.split(" | ", 1)[1].rstrip(" |")
+    """The value of the report's row ``name``: a table row, or a list item wrapped over
+    lines where the table would pass 100 columns."""
+    lines = text.splitlines()
+    rows = [line for line in lines if line.startswith(f"| {name} |")]
+    if rows:
+        (row,) = rows
+        return row.split(" | ", 1)[1].rstrip(" |")
+    (at,) = [n for n, line in enumerate(lines) if line.startswith(f"- **{name}**: ")]
+    item = [lines[at].split(": ", 1)[1]]
+    for line in lines[at + 1 :]:
+        if not line.startswith("  "):
+            break
+        item.append(line.strip())
+    return " ".join(item)
+
+
+def test_the_report_reads_in_a_terminal_100_columns_wide(tmp_path):
+    """The machine's rows pass 100 columns as a table: a list, every line within 100."""
+    result = run_report({"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    head = result.stdout.split("Environment (", 1)[0]
+    assert "- **switches**: " in head and "| switches |" not in head
+    assert max(map(len, head.splitlines())) <= 100
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
@@ -183,3 +204,35 @@ def test_the_prediction_kept_is_the_verdicts_largest_phase(tmp_path):
     assert (kept.verdict, kept.host_bytes, kept.device_bytes) == ("at risk", 41 * GiB, 29 * GiB)
     prediction_check.keep(settings, Verdict("fits", [], [], [], None, {"platform": "cpu"}), "y")
     assert prediction_check._KEPT == []
+
+
+@pytest.mark.parametrize(
+    ("env", "switches", "fixes"),
+    [
+        ({}, "none set; the rest at their defaults", "on: ledger (auto), host_release (auto)"),
+        (
+            {
+                "VLLM_XPU_MEMFIX_WARMUP_LOCK": "off",
+                "VLLM_XPU_MEMFIX_KV_HEADROOM": "on",
+                "VLLM_XPU_MEMFIX_LOAD_SLOTS": "zero",
+            },
+            "VLLM_XPU_MEMFIX_LOAD_SLOTS='zero' is not valid",
+            "kv_headroom (on), driver_env (auto), preflight (auto); off: warmup_lock, load_lock",
+        ),
+        ({"VLLM_XPU_MEMFIX": "0"}, "VLLM_XPU_MEMFIX=0", "none: the plugin is off"),
+        (
+            {"VLLM_XPU_MEMFIX_PREFLIGHT": "refuse", "VLLM_XPU_MEMFIX_LOAD_SLOTS": "zero"},
+            "invalid: VLLM_XPU_MEMFIX_LOAD_SLOTS='zero'",
+            "none: vllm serve stops at start-up",
+        ),
+    ],
+)
+def test_the_fixes_on_and_off_are_shown_as_the_start_up_would_take_them(
+    tmp_path, env, switches, fixes
+):
+    """Each fix with its effective mode, as the registration line says it; a bad value
+    turns off the fixes that read it, unless the preflight is ``refuse`` (issue 59 item 7)."""
+    result = run_report({"XDG_CACHE_HOME": str(tmp_path / "cache"), **env})
+    assert result.returncode == 0, result.stderr
+    assert switches in cell(result.stdout, "switches")
+    assert fixes in cell(result.stdout, "fixes")

@@ -15,8 +15,11 @@ request is logged. The data and its provenance: tests/data/hub/README.md.
 Hostile answers, each a field of :class:`StandIn` a test sets: ``ignore_range`` (a mirror
 that answers a range request with 200 and the whole file, weights included: what it sent
 is counted), ``drip_s`` (a pause before each 1 KiB of a body), ``redirect`` (each file
-answered 307 to another path first). A file may be larger than its recorded head (a
-300 MiB config.json): it is sent in pieces, zeros after the head.
+answered 307 to another path first), ``redirect_loop`` (every request answered 307 to
+itself). A file may be larger than its recorded head (a 300 MiB config.json): it is sent
+in pieces, zeros after the head. ``credentials`` keeps each ``Authorization`` header sent
+(``user:password@`` in HF_ENDPOINT becomes one), so a test knows they were sent and can
+look for them where they must not be.
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ class StandIn:
     ignore_range: bool = False
     drip_s: float = 0.0
     redirect: bool = False
+    redirect_loop: bool = False
+    credentials: list[str] = field(default_factory=list)
 
     def weight_bytes_served(self) -> int:
         return sum(self.served.values())
@@ -186,6 +191,10 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             byte_range = self.headers.get("Range", "")
             hub.requests.append((self.command, path, byte_range))
+            if "Authorization" in self.headers:
+                hub.credentials.append(self.headers["Authorization"])
+            if hub.redirect_loop:
+                return self._send(307, Location=self.path)
             tree = _TREE.match(path)
             if tree and tree.group("repo") in hub.repos:  # the file listing vLLM asks for
                 files = hub.repos[tree.group("repo")]

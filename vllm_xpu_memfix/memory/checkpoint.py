@@ -380,7 +380,7 @@ def read_checkpoint(
     ``name`` stands for the directory in messages (a Hugging Face id, for a cache)."""
     directory = Path(directory)
     name = name or str(directory)
-    if directory.is_file() and directory.suffix.lower() == ".gguf":
+    if directory.suffix.lower() == ".gguf" and not directory.is_dir():  # a FIFO too
         return read_gguf(directory, name)
     if not directory.is_dir():
         raise CheckpointError(f"{name} is not a directory")

@@ -233,6 +233,8 @@ def parse(
     if reader.take(4) != MAGIC:
         raise GgufError("not a GGUF file (no GGUF magic)")
     version = int(reader.scalar("<I"))
+    if int.from_bytes(version.to_bytes(4, "little"), "big") in VERSIONS:
+        raise GgufError("a big-endian GGUF file; doctor reads little-endian ones only")
     if version not in VERSIONS:
         raise GgufError(f"GGUF version {version}; doctor reads versions 2 and 3")
     tensors, pairs = reader.count("a tensor count of"), reader.count("a metadata count of")

@@ -114,7 +114,7 @@ def read(name: str, deadline: float, notes: list[str] | None = None) -> Checkpoi
     thread.start()
     thread.join(deadline)
     if not outcome:
-        raise HubUnavailable(f"the Hub did not answer within {deadline:g} s")
+        raise HubUnavailable(f"the Hub did not answer within {deadline:.3g} s")
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     ckpt: Checkpoint = outcome[0]

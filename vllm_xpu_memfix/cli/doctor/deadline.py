@@ -4,11 +4,12 @@ The steps that can wait on what doctor does not control are cut at it: vLLM's im
 its configuration build (``create_engine_config`` fetches config.json, the tokenizer's and
 a draft model's files through huggingface_hub, retrying), each run inside :func:`step`;
 doctor's own Hub reader is given what is :func:`left` (``memory.hub``, a thread joined
-with that timeout). Local work (/proc, sysfs, the judgement) is never cut: past the
-deadline it goes on, and the steps still to come are not run, said "not read" or "not
-built". Whatever still runs :data:`GRACE` seconds later is stopped by
-:class:`PastDeadline` reaching the command, one line. Files named on the command line are
-opened only where they are regular files (``core.files``), so no FIFO waits on a writer.
+with that timeout), both a little before the deadline (:data:`RESERVE`). Local work
+(/proc, sysfs, the judgement) is never cut: it goes on, and the steps still to come are
+not run, said "not read" or "not built". Whatever still runs :data:`GRACE` seconds past
+the deadline is stopped by :class:`PastDeadline` reaching the command, one line. Files
+named on the command line are opened only where they are regular files (``core.files``),
+so no FIFO waits on a writer.
 
 The timer is ``SIGALRM`` (it interrupts a blocking socket read too); off the main thread
 (an embedding program) no signal can be had: the steps then run unbounded, and the Hub
@@ -25,7 +26,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 DEFAULT_S = 30.0
-GRACE = 4.0  # local work left past the deadline, within the 5 s the deadline promises
+# The steps are cut this much before the deadline: the exit of an interpreter that imported
+# vLLM and torch takes about 1.5 s here, and the answer is the process's end.
+RESERVE = 2.0
+GRACE = 3.0  # past the deadline, what still runs is stopped: within the 5 s promised
 
 
 class PastDeadline(BaseException):
@@ -46,7 +50,7 @@ _run = _Run()
 
 
 def left(cap: float = float("inf")) -> float:
-    """Seconds to the run's deadline (0 once past), at most ``cap``; ``cap`` where no run
+    """Seconds a step may still take (0 once past), at most ``cap``; ``cap`` where no run
     is under way."""
     if _run.ends is None:
         return cap
@@ -67,13 +71,15 @@ def _expire(_signum: int, _frame: Any) -> None:
 
 @contextlib.contextmanager
 def run(seconds: float) -> Iterator[None]:
-    """The whole run within ``seconds``: a step under way at the deadline is cut; local work
-    left then has :data:`GRACE` seconds before :class:`PastDeadline` stops it."""
-    _run.seconds, _run.ends, _run.expired = seconds, time.monotonic() + seconds, False
+    """The whole run within ``seconds``: a step under way :data:`RESERVE` seconds before
+    the deadline is cut; local work left then has until :data:`GRACE` seconds past the
+    deadline before :class:`PastDeadline` stops it."""
+    cut = max(seconds - min(RESERVE, seconds / 2), 1e-3)
+    _run.seconds, _run.ends, _run.expired = seconds, time.monotonic() + cut, False
     timed = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGALRM, _expire) if timed else None
     if timed:
-        signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), GRACE)
+        signal.setitimer(signal.ITIMER_REAL, cut, seconds + GRACE - cut)
     try:
         yield
     finally:

@@ -30,7 +30,7 @@ from pathlib import Path
 from vllm_xpu_memfix import __version__
 from vllm_xpu_memfix.cli.report import environment, starts, system
 from vllm_xpu_memfix.cli.report.markdown import Block
-from vllm_xpu_memfix.core import config, numbers
+from vllm_xpu_memfix.core import config, numbers, registration
 from vllm_xpu_memfix.core.redact import Redactor
 
 
@@ -49,13 +49,27 @@ def version(module: str) -> str:
 
 
 def switches(environ: Mapping[str, str]) -> str:
+    """The variables set, then what a bad one does at start-up, as ``register()`` reads it."""
     set_ = [f"{v.name}={environ[v.name]}" for v in config.VARIABLES if v.name in environ]
+    said = (", ".join(set_) or "none set") + "; the rest at their defaults"
     try:
-        config.load(environ)
-        problem = ""
+        _, refused = registration.settings_at_start(environ)
     except numbers.ConfigError as exc:
-        problem = f"; invalid: {exc}"
-    return (", ".join(set_) or "none set") + "; the rest at their defaults" + problem
+        return f"{said}; invalid: {exc}"
+    return "; ".join((said, *(f"invalid: {line}" for line in refused)))
+
+
+def fixes(environ: Mapping[str, str]) -> str:
+    """Each fix on or off with its effective mode, as the registration line says them."""
+    try:
+        settings, _ = registration.settings_at_start(environ)
+    except numbers.ConfigError:
+        return "none: vllm serve stops at start-up on the invalid value above"
+    if not settings.enabled:
+        return f"none: the plugin is off ({config.MASTER.name})"
+    on = [f"{f.key} ({settings.mode(f).value})" for f in config.FIXES if settings.requested(f)]
+    off = [f.key for f in config.FIXES if not settings.requested(f)]
+    return f"on: {', '.join(on) or 'none'}; off: {', '.join(off) or 'none'}"
 
 
 def ledger_directory(environ: Mapping[str, str], given: str | None) -> Path | None:
@@ -80,6 +94,7 @@ def report(
     rows = [
         ("plugin", f"vllm-xpu-memfix {__version__}"),
         ("switches", switches(environ)),
+        ("fixes", fixes(environ)),
         ("vLLM", version("vllm")),
         ("XPU Python packages", system.xpu_packages()),
         ("other vLLM plugins", system.other_plugins()),

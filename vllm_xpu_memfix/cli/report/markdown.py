@@ -6,10 +6,13 @@ leak, end a table row, close a code block or open an HTML tag."""
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Iterable
 
 from vllm_xpu_memfix.core.redact import Redactor
 
+WIDTH = 100  # a terminal's columns
+_BLOCK_START = re.compile(r"^(  \d*)([#>*+=\-.)])")
 _BREAKS = re.compile(r"\r\n|[\r\n\u2028\u2029\x0b\x0c\x85]")
 
 
@@ -46,10 +49,23 @@ class Block:
         self.lines += [f"#### {cell(self.redact(text))}", ""]
 
     def table(self, header: Iterable[str], rows: Iterable[Iterable[str]]) -> None:
+        """A table; a two-column one without a heading whose rows would pass :data:`WIDTH`
+        columns is a list of ``**name**: value`` items instead, each wrapped at it, so that
+        it reads in a terminal as it does rendered."""
         head = [cell(self.redact(h)) for h in header]
-        self.lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for row in rows:
-            self.lines.append("| " + " | ".join(cell(self.redact(c)) for c in row) + " |")
+        body = [[cell(self.redact(c)) for c in row] for row in rows]
+        lines = ["| " + " | ".join(row) + " |" for row in body]
+        if len(head) == 2 and not any(head) and any(len(line) > WIDTH for line in lines):
+            for name, value in body:
+                item = f"- **{name}**: {value}"
+                wrapped = textwrap.wrap(
+                    item, WIDTH, subsequent_indent="  ", break_long_words=False,
+                    break_on_hyphens=False,
+                )  # fmt: skip
+                # A wrapped line opens no block of its own (a heading, a list, a quote).
+                self.lines += [wrapped[0], *(_BLOCK_START.sub(r"\1\\\2", w) for w in wrapped[1:])]
+        else:
+            self.lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines]
         self.lines.append("")
 
     def line(self, words: str, *code: str) -> None:
