@@ -7,8 +7,8 @@ then again only when the process's RSS (from ``status``, a few microseconds) has
 or its reading has aged, and only while the reads have spent less than ``share`` of the
 wall time. Between reads a process's PSS is carried forward by its RSS change: new
 private pages count in full in both. A fork or an exit moves the shares of pages the parent
-and the child had in common without moving the parent's RSS; the parent's reading is then
-renewed first (:meth:`PssCache.born`, :meth:`PssCache.keep_only`).
+and its children had in common without moving their RSS; their readings are then renewed
+first (:meth:`PssCache.born`, :meth:`PssCache.keep_only`).
 """
 
 from __future__ import annotations
@@ -127,20 +127,23 @@ class PssCache:
 
     def born(self, pid: int, parent: int) -> None:
         """``pid`` is seen for the first time, a child of ``parent``: after the first sample,
-        ``parent``'s reading is renewed as soon as the budget allows."""
+        the readings of ``parent`` and its other children are renewed as soon as the budget
+        allows."""
         if pid not in self.parents:
             self.parents[pid] = parent
             if self.ticks > 1:
                 self._expire(parent)
 
-    def _expire(self, pid: int) -> None:
-        reading = self.readings.get(pid)
-        if reading is not None:
-            reading.at = -math.inf
+    def _expire(self, parent: int) -> None:
+        """Renew ``parent``'s reading and its children's, who share its pages."""
+        for pid in (parent, *(p for p, of in self.parents.items() if of == parent)):
+            reading = self.readings.get(pid)
+            if reading is not None:
+                reading.at = -math.inf
 
     def keep_only(self, pids: Iterable[int]) -> None:
         """Forget the processes not in ``pids`` (gone), so a reused pid starts afresh; their
-        parents' readings are renewed as soon as the budget allows."""
+        parents' and siblings' readings are renewed as soon as the budget allows."""
         alive = set(pids)
         for gone in self.parents.keys() - alive:
             self._expire(self.parents.pop(gone))
