@@ -59,7 +59,7 @@ def widen_unread(inputs: phases.Inputs, ckpt: Checkpoint | None, source: str) ->
     """Where the weights were sized from hf_config and it names a quantization, the bytes
     per weight run from the method's own width (every weight quantized) to 16-bit (none):
     which modules stay 16-bit is in the headers, not in hf_config."""
-    fmt = sizing.checkpoint_format(ckpt)
+    fmt = formats.from_config(sizing.quantization_config(ckpt))
     if source != FROM_HF_CONFIG or fmt is None:
         return inputs
     low = fmt.bytes_per_weight or formats.NARROWEST

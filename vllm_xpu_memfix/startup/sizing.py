@@ -334,7 +334,7 @@ def _with_ipex_moe(
     images that run it (llm-scaler #348: catalog.IPEX_MOE_FIRST_FORWARD from one layer to
     each of the stage's layers)."""
     text = text_config(ckpt.config) if ckpt else {}
-    moe = _config_int(text, "num_experts", "num_local_experts", "n_routed_experts")
+    moe = config_int(text, "num_experts", "num_local_experts", "n_routed_experts")
     if not (machine.ipex_gptq_moe and moe and layers and fmt in formats.GPTQ):
         return activations
     each = float(catalog.IPEX_MOE_FIRST_FORWARD)
