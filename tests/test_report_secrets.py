@@ -195,7 +195,11 @@ def test_the_allow_list_not_the_name_decides():
             "--api-key=abc --hf-token x --host 0.0.0.0",
             "--api-key=<redacted> --hf-token <redacted> --host 0.0.0.0",
         ),
-        ("token hf_abcdefghij", "token <redacted>"),
+        ("token hf_abcdefghijklmnopqrstuvwxyzabcdefgh", "token <redacted>"),
+        ("token hf_AbCdEf1 hf_t0kens1", "token <redacted> <redacted>"),
+        # vLLM's and transformers' own names are no token (issue 59: a ledger row's
+        # "checkpoint": "hf_config" read <redacted> once log records were redacted)
+        ('{"checkpoint": "hf_config"} hf_overrides=x hf_transfer', None),
         ("--max-num-batched-tokens 8192 --tokenizer org/tok", None),
         (
             "--auth-token=t0ps3cret --master-addr node7",

@@ -59,7 +59,9 @@ _BASIC = re.compile(r"\b(Basic\s+)([A-Za-z0-9+/]{6,}={0,2})(?![\w+/=])")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
 _BARE_CREDENTIALS = re.compile(r"(?<![\w/])[\w.%+-]+:[^\s/@:]+@(?=[\w\[])")
-_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{6,}")
+# A Hub token by its shape; an all-lowercase word shorter than a real token (34 characters
+# after ``hf_``) is an identifier of vLLM or transformers (``hf_config``, ``hf_overrides``).
+_HF_TOKEN = re.compile(r"\bhf_(?![a-z]{6,29}(?![A-Za-z0-9]))[A-Za-z0-9]{6,}")
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 # Not a dotted version: a kernel release (5.15.153.1-microsoft-standard-WSL2) or a local
 # version (+xpu) goes on after it.
