@@ -10,10 +10,7 @@ Prints a Markdown table; ``--out FILE`` writes it too.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -21,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from markdown_table import arguments, emit, this_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAK = (
@@ -46,9 +45,7 @@ def _run(code: str, argv: list[str]) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
+    parser = arguments(__doc__, rounds=3)
     args = parser.parse_args()
     model = Path(tempfile.mkdtemp(prefix="doctor-cost-"))
     shutil.copy(ROOT / "tests/data/configs/qwen3-32b.json", model / "config.json")
@@ -66,9 +63,7 @@ def main() -> int:
             found[name].append(_run(code, argv))
     shutil.rmtree(model)
     rows = [
-        f"doctor's cost, {args.rounds} fresh interpreters per arm, alternating, "
-        f"{datetime.date.today()}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
+        f"doctor's cost, {args.rounds} fresh interpreters per arm, alternating, {this_machine()}",
         "",
         "| arm | median s | min s | max s | median peak RSS MB |",
         "|---|---|---|---|---|",
@@ -80,11 +75,7 @@ def main() -> int:
             f"| {name} | {statistics.median(seconds):.2f} | {min(seconds):.2f} | "
             f"{max(seconds):.2f} | {rss:.0f} |"
         )
-    text = "\n".join(rows) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return emit(rows, args.out)
 
 
 if __name__ == "__main__":

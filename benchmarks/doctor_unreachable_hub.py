@@ -10,10 +10,7 @@ Target (issue 59): the closed port at most 2 s over offline. Prints a Markdown t
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -21,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from markdown_table import arguments, emit, this_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCTOR = "import sys; {hide}from vllm_xpu_memfix.cli import main; sys.exit(main())"
@@ -46,9 +45,7 @@ def _run(code: str, argv: list[str], env: dict[str, str]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
+    parser = arguments(__doc__, rounds=3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="doctor-unreachable-"))
     host = work / "cpu-host.toml"
@@ -71,8 +68,7 @@ def main() -> int:
     offline = statistics.median(found["HF_HUB_OFFLINE=1"])
     rows = [
         f"doctor with an unreachable Hub against offline, {args.rounds} fresh interpreters per "
-        f"arm, alternating, {datetime.date.today()}, {platform.processor() or platform.machine()}"
-        f", {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
+        f"arm, alternating, {this_machine()}",
         "",
         "| arm | median s | min s | max s | median over offline s |",
         "|---|---|---|---|---|",
@@ -83,11 +79,7 @@ def main() -> int:
             f"| {name} | {median:.2f} | {min(runs):.2f} | {max(runs):.2f} | "
             f"{median - offline:+.2f} |"
         )
-    text = "\n".join(rows) + "\n"
-    print(text, end="")
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return emit(rows, args.out)
 
 
 if __name__ == "__main__":

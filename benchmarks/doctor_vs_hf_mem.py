@@ -19,11 +19,8 @@ Prints a Markdown table; ``--out FILE`` writes it too.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -31,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from markdown_table import arguments, emit, this_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -83,10 +82,8 @@ def _run(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, rounds=3)
     parser.add_argument("--hf-mem-site", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     found: dict[tuple[str, str], list[tuple[float, float, int, list[str], float]]] = {}
     with Server() as hub, tempfile.TemporaryDirectory(prefix="doctor-vs-hf-mem-") as scratch:
@@ -108,9 +105,8 @@ def main() -> int:
     rows = [
         f"doctor (--image {IMAGE}, planning an XPU host) beside hf-mem 0.5.6 --experimental, "
         f"--max-model-len {CONTEXT}, on the stand-in Hub; {args.rounds} fresh interpreters "
-        f"per arm and model, alternating; {datetime.date.today()}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.2f}; weight files asked for whole: {weights}",
+        f"per arm and model, alternating; {this_machine()}; "
+        f"weight files asked for whole: {weights}",
         "",
         "| model | doctor median s | hf-mem median s | doctor / hf-mem | CPU s, doctor / hf-mem "
         "| doctor peak RSS MB | hf-mem peak RSS MB | doctor exit | hf-mem exit "
@@ -133,11 +129,7 @@ def main() -> int:
             f"{','.join(sorted({str(r[2]) for r in theirs}))} | {', '.join(heavy)} |"
         )
     rows += ["", f"Largest doctor / hf-mem: {max(ratios):.2f} (target: at most 2)."]
-    text = "\n".join(rows) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return emit(rows, args.out)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,7 @@ medians. Prints a Markdown table; ``--out FILE`` writes it too.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,6 +19,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from markdown_table import arguments, emit, this_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -88,20 +86,16 @@ def sampling_cost(pid: int, seconds: float, csv_path: Path) -> tuple[float, int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__, rounds=5)
     parser.add_argument("--tree", choices=("sleepers", "server", "both"), default="both")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--sleepers", type=int, default=8)
     parser.add_argument("--hold-mib", type=int, default=256)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     trees = ("sleepers", "server") if args.tree == "both" else (args.tree,)
     rows = [
         f"monitor's sampling cost at a {INTERVAL} s interval, {args.rounds} samplings of "
-        f"{args.seconds:.0f} s per tree, {datetime.date.today()}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.2f}",
+        f"{args.seconds:.0f} s per tree, {this_machine()}",
         "",
         "| tree | processes in the tree | on the host | median % of one core | min | max "
         "| of which PSS reads, median % |",
@@ -131,11 +125,7 @@ def main() -> int:
                 f"| {min(shares):.2f} | {max(shares):.2f} "
                 f"| {statistics.median(r[3] for r in runs):.2f} |"
             )
-    table = "\n".join(rows) + "\n"
-    print(table, end="")
-    if args.out:
-        args.out.write_text(table)
-    return 0
+    return emit(rows, args.out)
 
 
 if __name__ == "__main__":

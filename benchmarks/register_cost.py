@@ -9,13 +9,11 @@ the test keeps what register() must not import.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 from pathlib import Path
+
+from markdown_table import arguments, emit, this_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -26,14 +24,10 @@ CASES = {"inside vLLM (after import vllm.plugins)": "import vllm.plugins", "bare
 def main() -> int:
     from test_register import measure_register
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
+    parser = arguments(__doc__, rounds=9)
     args = parser.parse_args()
     rows = [
-        f"register() cost, {args.rounds} fresh interpreters each, "
-        f"{datetime.date.today()}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
+        f"register() cost, {args.rounds} fresh interpreters each, {this_machine()}",
         "",
         "| where | median ms | min ms | max ms |",
         "|---|---|---|---|",
@@ -43,11 +37,7 @@ def main() -> int:
         rows.append(
             f"| {case} | {statistics.median(costs):.1f} | {min(costs):.1f} | {max(costs):.1f} |"
         )
-    table = "\n".join(rows) + "\n"
-    print(table, end="")
-    if args.out:
-        args.out.write_text(table)
-    return 0
+    return emit(rows, args.out)
 
 
 if __name__ == "__main__":
