@@ -572,9 +572,8 @@ def check(
             stated = stated_counts(text, version)
             if stated is not None and stated != outcome.counts:
                 outcome.tests = "counted otherwise than its message says"
-                outcome.detail = (
-                    f"the message says {stated} on vLLM {version}; the run gave {outcome.counts}"
-                )
+                said = f"the message says {stated} on vLLM {version}; the run gave {outcome.counts}"
+                outcome.detail = "\n".join(filter(None, (said, outcome.detail)))
     if not own_tests:
         return [*alone, *outcomes]
     patched = passed_tests(output, own_tests)
