@@ -289,10 +289,12 @@ def apply(patch: Path, tree: Path) -> str | None:
 
 
 def diff_digest(patch: Path) -> str:
-    """The first 12 hex digits of the sha256 of ``patch``'s diff (its message left out): a
-    results file records it, so a run of an earlier version of the change is told apart."""
-    diff = patch.read_text().split("\ndiff --git ", 1)[-1].rsplit("\n-- \n", 1)[0]
-    return hashlib.sha256(diff.encode()).hexdigest()[:12]
+    """The first 12 hex digits of the sha256 of ``patch``'s diff of vLLM's code (its message
+    and its ``tests/`` files left out, which a run does not execute): a results file records
+    it, so a run of an earlier version of the change is told apart."""
+    files = patch.read_text().rsplit("\n-- \n", 1)[0].split("\ndiff --git ")[1:]
+    code = "\ndiff --git ".join(f for f in files if not f.startswith("a/tests/"))
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
 
 
 def added_lines(patch_text: str) -> dict[str, set[int]]:

@@ -417,3 +417,13 @@ def test_a_patch_s_counts_are_held_to_those_its_message_states_for_the_release(
         assert series.detail == (
             "the message says 3 passed on vLLM 0.1.0; the run gave 2 passed, 1 skipped"
         )
+
+
+def test_a_run_s_digest_moves_with_the_patch_s_code_not_its_tests(tmp_path, patches):
+    write_patch(patches, "0001-fix", old=41, new=42, expected=42)
+    (patch,) = patches.glob("*.patch")
+    digest = upstream_check.diff_digest(patch)
+    patch.write_text(patch.read_text().replace("== 42", "== 6 * 7"))
+    assert upstream_check.diff_digest(patch) == digest
+    patch.write_text(patch.read_text().replace("+VALUE = 42", "+VALUE = 6 * 7"))
+    assert upstream_check.diff_digest(patch) != digest
