@@ -223,7 +223,8 @@ def main() -> None:
         f"plugin off; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
         f"cgroup v{version}, limit {limit / MiB:,.0f} MiB (calibration usage at ready "
         f"{calibration['usage'] / MiB:,.0f} MiB + {args.headroom} MiB); shards "
-        f"{calibration['shards_mib']:,.0f} MiB; medians of {args.rounds}.",
+        f"{calibration['shards_mib']:,.0f} MiB; medians of {args.rounds}; the patch's code diff "
+        f"sha256 `{upstream_check.diff_digest(patch[0])}`.",
         "",
         f"`flock /tmp/memfix-heavy.lock .venv/bin/python benchmarks/page_cache_drop.py "
         f"--rounds {args.rounds}`",

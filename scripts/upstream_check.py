@@ -32,6 +32,9 @@ symlinked), every patch is applied in order with ``git apply``, and then:
   only what it adds (each applies alone), so running them again per patch would repeat the
   vLLM import and the engine starts for nothing. Tests named ``test_llm_*`` start an
   engine through ``LLM``: they run on the installed build only (``ENGINE_TESTS``).
+  Each patch's line gives its tests' counts as pytest writes them ("4 passed, 2 skipped,
+  1 deselected"); where its message states them for the release ("upstream-check on vLLM
+  0.34.0: ..."), they must be the run's (``stated_counts``).
 
 - vLLM's own tests of the modules the series touches (``VLLM_TESTS``, from the
   release's source distribution, kept under ``.cache/upstream/vllm-tests-<version>/``
@@ -83,6 +86,8 @@ KEPT_FROM_WHEEL = (".py", ".json", ".jinja", "py.typed")  # what vLLM's Python r
 ADDED_TEST = re.compile(r"^\+\+\+ b/(tests/\S+\.py)$", re.MULTILINE)
 VERSION = re.compile(r"""^(?:__version__\s*=\s*)?version\s*=\s*['"]([^'"]+)['"]""", re.M)
 HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+STATED = re.compile(r"upstream-check on vLLM (\d[\w.]*): ((?:\d+ \w+(?:, )?)+)")
+VERDICTS = ("passed", "failed", "skipped", "deselected", "error")
 TEST_TIMEOUT_S = 420
 # Tests that start an engine through ``LLM``: they need the release's compiled kernels,
 # so they run on the installed build only; a downloaded release's Python runs on the
@@ -107,6 +112,7 @@ class Outcome:
     applied: bool
     tests: str  # "passed", "failed", "none", "skipped", "in the series", "not run"
     detail: str = ""
+    counts: str = ""  # pytest's counts of its tests: "4 passed, 2 skipped"
     missing: list[str] = field(default_factory=list)  # self.NAME reads the release lacks
 
     @property
@@ -121,7 +127,8 @@ class Outcome:
         applied = "applied" if self.applied else "DOES NOT APPLY"
         reads = f", READS MISSING {', '.join(self.missing)} (FAIL)" if self.missing else ""
         tests = {"none": "no tests (FAIL)"}.get(self.tests, f"tests {self.tests}")
-        return f"{self.patch}: {applied}{reads}, {tests}"
+        counts = f" ({self.counts})" if self.counts else ""
+        return f"{self.patch}: {applied}{reads}, {tests}{counts}"
 
 
 @dataclass
@@ -279,6 +286,15 @@ def apply(patch: Path, tree: Path) -> str | None:
         text=True,
     )
     return None if done.returncode == 0 else (done.stderr.strip() or "git apply failed")
+
+
+def diff_digest(patch: Path) -> str:
+    """The first 12 hex digits of the sha256 of ``patch``'s diff of vLLM's code (its message
+    and its ``tests/`` files left out, which a run does not execute): a results file records
+    it, so a run of an earlier version of the change is told apart."""
+    files = patch.read_text().rsplit("\n-- \n", 1)[0].split("\ndiff --git ")[1:]
+    code = "\ndiff --git ".join(f for f in files if not f.startswith("a/tests/"))
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
 
 
 def added_lines(patch_text: str) -> dict[str, set[int]]:
@@ -466,6 +482,29 @@ def per_file(output: str, tests: list[str]) -> dict[str, str]:
     return results
 
 
+def counted(output: str, files: list[str], deselected: int) -> str:
+    """The counts of ``files``' tests in pytest's ``-rA`` output, written as pytest writes
+    them ("4 passed, 2 skipped, 1 deselected"); ``deselected`` is given (pytest counts
+    those over the whole run only)."""
+    found = dict.fromkeys(VERDICTS, 0)
+    found["deselected"] = deselected
+    for verdict, test in re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", output, re.M):
+        if test.split("::")[0] in files:
+            found[verdict.lower()] += 1
+    for number, test in re.findall(r"^SKIPPED \[(\d+)\] (\S+?):\d+", output, re.M):
+        if test in files:  # "SKIPPED [2] tests/test_x.py:12: reason"
+            found["skipped"] += int(number)
+    return ", ".join(f"{n} {verdict}" for verdict, n in found.items() if n)
+
+
+def stated_counts(patch_text: str, version: str) -> str | None:
+    """The counts a patch's message states for release ``version`` ("upstream-check on
+    vLLM 0.34.0: 4 passed, 2 skipped"), None where it states none."""
+    message = patch_text.split("\n---\n", 1)[0]
+    stated = {found[1]: found[2] for found in STATED.finditer(message)}
+    return stated.get(version.split("+")[0])
+
+
 def vllm_tests_in(tree: Path, vllm_tests: Path, env: dict[str, str] | None) -> list[str]:
     """Copy vLLM's tests from ``vllm_tests`` into ``tree``; the test files there, and
     ``env`` with their extra dependencies (``site/``) on the path."""
@@ -487,7 +526,9 @@ def check(
     """Apply every patch in order to a copy of ``source_root`` in ``tree``, check the
     attributes each one reads right after it applies, then run the tests: the patches'
     own, and vLLM's ``vllm_tests`` (a directory from ``fetch_vllm_tests``) before the
-    patches and after."""
+    patches and after. Each patch's counts are held to those its message states for the
+    source's release."""
+    version = release_version(source_root)
     engine = compiled_from is None
     alone = [
         check_alone(patch, source_root, tree / patch.stem[:4], compiled_from) for patch in patches
@@ -517,7 +558,7 @@ def check(
     added = sorted({t for files in tests.values() for t in files})
     output = run_pytest(added + own_tests, tree, env, engine) if added or own_tests else ""
     results, tail = per_file(output, added), "\n".join(output.strip().splitlines()[-25:])
-    for outcome in outcomes:
+    for patch, outcome in zip(patches, outcomes, strict=True):
         if not outcome.applied:
             outcome.tests = "not run"
         elif not tests[outcome.patch]:
@@ -527,6 +568,14 @@ def check(
             outcome.tests = "failed" if failed else "passed"
             if failed:
                 outcome.detail = f"failed: {', '.join(failed)}\n{tail}"
+            text = patch.read_text()
+            deselected = 0 if engine else len(re.findall(rf"^\+def {ENGINE_TESTS}", text, re.M))
+            outcome.counts = counted(output, tests[outcome.patch], deselected)
+            stated = stated_counts(text, version)
+            if stated is not None and stated != outcome.counts:
+                outcome.tests = "counted otherwise than its message says"
+                said = f"the message says {stated} on vLLM {version}; the run gave {outcome.counts}"
+                outcome.detail = "\n".join(filter(None, (said, outcome.detail)))
     if not own_tests:
         return [*alone, *outcomes]
     patched = passed_tests(output, own_tests)

@@ -649,3 +649,97 @@ def test_a_row_whose_thread_states_no_runtime_says_so():
             silent.append(link)
     assert recorded_runtimes("llm-scaler #703") == [None, None]
     assert silent == []
+
+
+# --- the upstream series: each figure from its run, each run of the change as it is -----
+
+UPSTREAM = ROOT / "docs" / "upstream"
+RESULTS = ROOT / "benchmarks" / "results"
+_DIGEST = re.compile(r"`(docs/upstream/patches/\S+\.patch)`.*?diff sha256 `([0-9a-f]{12})`", re.S)
+
+
+def upstream_check():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import upstream_check
+
+    return upstream_check
+
+
+def stale_runs(results: list[Path]) -> list[str]:
+    """The results files whose recorded patch digest is not the patch's diff as it is now."""
+    stale = []
+    for path in results:
+        for patch, digest in _DIGEST.findall(path.read_text()):
+            now = upstream_check().diff_digest(ROOT / patch)
+            if now != digest:
+                stale.append(f"{path.name}: {patch} was {digest}, is {now}")
+    return stale
+
+
+def unbacked(text: str, results: list[Path]) -> list[str]:
+    """The figures of ``text`` (numbers with a unit, and the numbers of its indented
+    tables) that no number of the ``results`` files is, at the precision written."""
+    table = "\n".join(line for line in text.splitlines() if re.match(r" {4}\S", line))
+    written = [f.split()[0] for f in figures(text)] + numbers(table)
+    held = [value(n) for path in results for n in numbers(path.read_text())]
+    return [token for token in written if not matches(token, held)]
+
+
+def upstream_blocks() -> list[tuple[str, str, list[Path]]]:
+    """(doc, block, results files it links) for each block of docs/upstream that states a
+    figure with a unit."""
+    found = []
+    for doc in sorted(UPSTREAM.glob("*.md")):
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for block in re.split(r"\n\s*\n|\n(?=\s*[-|] )", text):
+            links = [(UPSTREAM / link).resolve() for link in _LINK.findall(block)]
+            if figures(block):
+                found.append((doc.name, block, [p for p in links if p.parent == RESULTS]))
+    return found
+
+
+@pytest.mark.parametrize("block", upstream_blocks(), ids=lambda b: f"{b[0]}: {b[1][:30]}")
+def test_every_figure_of_the_upstream_texts_is_a_number_of_the_run_it_links(block):
+    """A figure of docs/upstream sits beside the results file it comes from, or beside
+    docs/fixes.md (which holds it), or is a public thread's (a #number cited)."""
+    doc, text, results = block
+    if results:
+        assert unbacked(text, results) == [], f"{doc}: not in {[p.name for p in results]}"
+    elif "fixes.md" in text:
+        held = {f for _row, figure, *_ in ROWS for f in figures(figure)}
+        assert set(figures(text)) <= held, f"{doc}: {set(figures(text)) - held} not in fixes.md"
+    else:
+        assert re.search(r"#\d+", text), f"{doc}: {figures(text)} with no run, fixes.md or thread"
+
+
+def sent_patches() -> list[tuple[Path, Path]]:
+    """Each patch of the series, with the results file the series' README links in its row."""
+    readme = (UPSTREAM / "README.md").read_text()
+    pairs = []
+    for patch in sorted((UPSTREAM / "patches").glob("*.patch")):
+        row = next(line for line in readme.splitlines() if line.startswith(f"| [{patch.name[:4]}]"))
+        (run,) = [link for link in _LINK.findall(row) if "benchmarks/results/" in link]
+        pairs.append((patch, (UPSTREAM / run).resolve()))
+    return pairs
+
+
+@pytest.mark.parametrize("pair", sent_patches(), ids=lambda p: p[0].name[:4])
+def test_a_patch_message_states_its_run_s_figures_and_its_run_is_of_the_patch_as_it_is(pair):
+    patch, results = pair
+    message = patch.read_text().split("\n---\n", 1)[0]
+    assert unbacked(message, [results]) == [], f"{patch.name}: figures not in {results.name}"
+    assert _DIGEST.search(results.read_text()), f"{results.name} records no patch digest"
+    assert stale_runs([results]) == [], "the change moved since its run: measure it again"
+
+
+def test_a_run_of_an_earlier_patch_and_a_figure_past_its_file_are_seen(tmp_path):
+    (_patch, results), *_ = sent_patches()
+    (name, digest), *_ = _DIGEST.findall(results.read_text())
+    earlier = tmp_path / results.name
+    earlier.write_text(results.read_text().replace(digest, "0" * 12))
+    assert stale_runs([earlier]) == [f"{results.name}: {name} was {'0' * 12}, is {digest}"]
+    usage = quantity(results_quantities(results), "as is | cgroup usage")
+    table = f"usage 1,234.5 MiB\n\n    as is  {usage:,.1f}  12,345\n"
+    assert unbacked(table, [results]) == ["1,234.5", "12,345"]

@@ -351,6 +351,79 @@ def test_a_patch_s_tests_run_once_though_it_is_applied_alone_and_in_series(
     )
     assert [o.line() for o in outcomes] == [
         "0001-counted.patch (alone): applied, tests in the series",
-        "0001-counted.patch (series): applied, tests passed",
+        "0001-counted.patch (series): applied, tests passed (1 passed)",
     ]
     assert runs.read_text() == "ran\n"
+
+
+ENGINE_AND_SKIPPED = """\
+From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+Subject: [PATCH] counted
+
+- upstream-check on vLLM 0.1.0: {stated}
+- upstream-check on vLLM 9.9.9: 7 passed
+---
+diff --git a/tests/test_counts.py b/tests/test_counts.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_counts.py
+@@ -0,0 +1,14 @@
++import pytest
++
++
++def test_one():
++    pass
++
++
++def test_llm_engine():
++    pass
++
++
++@pytest.mark.skip(reason="not here")
++def test_skipped():
++    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("stated", "lent", "line"),
+    [
+        ("2 passed, 1 skipped", False, "applied, tests passed (2 passed, 1 skipped)"),
+        # a downloaded release (compiled parts lent): the engine test is deselected
+        ("1 passed, 1 skipped, 1 deselected", True, "tests passed (1 passed, 1 skipped, 1 de"),
+        (
+            "3 passed",
+            False,
+            "tests counted otherwise than its message says (2 passed, 1 skipped)",
+        ),
+    ],
+)
+def test_a_patch_s_counts_are_held_to_those_its_message_states_for_the_release(
+    tmp_path, source, patches, stated, lent, line
+):
+    (patches / "0001-counted.patch").write_text(ENGINE_AND_SKIPPED.format(stated=stated))
+    installed = tmp_path / "installed"
+    (installed / "vllm").mkdir(parents=True)
+    (series,) = upstream_check.check(
+        sorted(patches.glob("*.patch")),
+        source,
+        tmp_path / "tree",
+        False,
+        installed if lent else None,
+    )[1:]
+    assert line in series.line()
+    assert series.ok == ("otherwise" not in line)
+    if not series.ok:
+        assert series.detail == (
+            "the message says 3 passed on vLLM 0.1.0; the run gave 2 passed, 1 skipped"
+        )
+
+
+def test_a_run_s_digest_moves_with_the_patch_s_code_not_its_tests(tmp_path, patches):
+    write_patch(patches, "0001-fix", old=41, new=42, expected=42)
+    (patch,) = patches.glob("*.patch")
+    digest = upstream_check.diff_digest(patch)
+    patch.write_text(patch.read_text().replace("== 42", "== 6 * 7"))
+    assert upstream_check.diff_digest(patch) == digest
+    patch.write_text(patch.read_text().replace("+VALUE = 42", "+VALUE = 6 * 7"))
+    assert upstream_check.diff_digest(patch) != digest
