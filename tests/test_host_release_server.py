@@ -14,6 +14,7 @@ KV cache that the off arm does not also have. The float32 and int4 cases save on
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers.together import Start, serve_together
 
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
@@ -69,19 +71,9 @@ def resident_bytes(model: Path) -> int:
     return total
 
 
-def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env: str) -> dict:
-    # A fresh directory per server: two runs of one case must not share ledgers.
-    ledger = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"ledger-{case}-{release}-"))
-    server = serve(
-        model,
-        env={
-            "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
-            "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
-            "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
-            **env,
-        },
-        extra_args=CASES[case],
-    )
+def worker_row(server, ledger: Path, case: str) -> dict:
+    """``server``'s worker at ready (it was started with its ledger in ``ledger``), its
+    greedy answer and log, and the checkpoint's page-cache bytes once it stopped."""
     server.wait_ready(timeout_s=400)
     # Only the bf16 and float32 tokens are compared (the vocab-copy test); one int4 token,
     # dequantized on the fly through every layer, shows that case still serves.
@@ -89,8 +81,9 @@ def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env
     greedy = server.complete("Hello", max_tokens=tokens, temperature=0, logprobs=3)["choices"][0]
     log = server.log_text()
     server.stop()
-    # Right after its server stopped, before another start can change the page cache.
-    cached = resident_bytes(model) if shutil.which("fincore") else None
+    # Right after its server stopped. The floor's server, whose drop this measures, runs
+    # alone: no start beside it reads the checkpoint back into the page cache.
+    cached = resident_bytes(Path(server.model)) if shutil.which("fincore") else None
     for path in ledger.glob("ledger-*.jsonl"):
         rows = {
             json.loads(line)["phase"]: json.loads(line) for line in path.read_text().splitlines()
@@ -103,7 +96,32 @@ def ready_row(serve, model: Path, tmp_path: Path, case: str, release: str, **env
                 "greedy": greedy,
                 "page_cache": cached,
             }
-    raise AssertionError(f"no worker ledger for {case}/{release}:\n{log[-3000:]}")
+    raise AssertionError(f"no worker ledger for {case}:\n{log[-3000:]}")
+
+
+def fill_rows(rows, model: Path, tmp_path: Path, wanted, **env: str) -> None:
+    """The (case, release) rows of ``wanted`` not yet in ``rows``, their servers two at a
+    time (each row is one worker's own RssAnon; another server beside it changes none of
+    it); ``env`` is added to each. Under ``rows[case, "floor"]`` when ``env`` is given."""
+    starts = {}
+    for case, release in wanted:
+        key = (case, "floor" if env else release)
+        if key in rows:
+            continue
+        # A fresh directory per server: two runs of one case must not share ledgers.
+        ledger = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"ledger-{case}-{release}-"))
+        server_env = {
+            "VLLM_XPU_MEMFIX_HOST_RELEASE": release,
+            "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger),
+            "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]),
+            **env,
+        }
+        use = functools.partial(worker_row, ledger=ledger, case=case)
+        starts[key] = Start(model, server_env, use, tuple(CASES[case]))
+    if starts:
+        done = serve_together(tmp_path / "servers", {"-".join(k): s for k, s in starts.items()})
+        for key in starts:
+            rows[key] = done["-".join(key)].result()
 
 
 @pytest.fixture(scope="module")
@@ -113,18 +131,17 @@ def ready_rows() -> dict[tuple[str, str], dict]:
     return {}
 
 
-def cached_row(rows, serve, model, tmp_path, case: str, release: str) -> dict:
-    if (case, release) not in rows:
-        rows[case, release] = ready_row(serve, model, tmp_path, case, release)
+def cached_row(rows, model, tmp_path, case: str, release: str) -> dict:
+    fill_rows(rows, model, tmp_path, [(case, release)])
     return rows[case, release]
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_release_lowers_worker_memory(serve, one_b_model, tmp_path, ready_rows, case):
+def test_release_lowers_worker_memory(one_b_model, tmp_path, ready_rows, case):
     from helpers.cpu_gemm import cpu_features, vllm_prepacks
 
-    on = cached_row(ready_rows, serve, one_b_model, tmp_path, case, "on")
-    off = cached_row(ready_rows, serve, one_b_model, tmp_path, case, "off")
+    fill_rows(ready_rows, one_b_model, tmp_path, [(case, "on"), (case, "off")])
+    on, off = ready_rows[case, "on"], ready_rows[case, "off"]
     assert "host release: RssAnon" in on["log"] and "host release" not in off["log"]
     prepacked = vllm_prepacks(VOCAB_DTYPE[case])
     assert ("unused vocab copies released 2" in on["log"]) is prepacked, cpu_features()
@@ -144,13 +161,13 @@ def test_release_lowers_worker_memory(serve, one_b_model, tmp_path, ready_rows, 
         assert "no unused vocab copies: vLLM's CPU GEMM kept no packed copy" in on["log"]
 
 
-def test_release_leaves_no_int4_staging(serve, one_b_model, tmp_path, ready_rows):
+def test_release_leaves_no_int4_staging(one_b_model, tmp_path, ready_rows):
     """With the fix on, the int4 stand-in keeps no more beyond its own (smaller) weights than
     the bf16 case does: its host staging is gone."""
     from vllm_xpu_memfix.memory.checkpoint import read_checkpoint
 
-    bf16 = cached_row(ready_rows, serve, one_b_model, tmp_path, "bf16", "on")["ready"]
-    int4 = cached_row(ready_rows, serve, one_b_model, tmp_path, "int4", "on")["ready"]
+    bf16 = cached_row(ready_rows, one_b_model, tmp_path, "bf16", "on")["ready"]
+    int4 = cached_row(ready_rows, one_b_model, tmp_path, "int4", "on")["ready"]
     ckpt = read_checkpoint(one_b_model)
     linear = sum(t.nbytes for t in ckpt.tensors if t.is_linear_weight)
     int4_weights = ckpt.total_bytes - linear + int(linear / 2 * (0.5 + 2 / 128))
@@ -167,21 +184,20 @@ def vocab_case() -> str | None:
     return next((c for c in ("bf16", "float32") if vllm_prepacks(VOCAB_DTYPE[c])), None)
 
 
-def floor_row(rows, serve, model, tmp_path) -> tuple[str, dict]:
+def floor_row(rows, model, tmp_path) -> tuple[str, dict]:
     """One server for two tests: the fix on with the vocab copies kept (the gc + trim floor)
     and the checkpoint dropped from the page cache. The drop touches only file pages, never
     the RssAnon the floor is compared on; the vocab copies are never file pages."""
     case = vocab_case() or "bf16"
-    if (case, "floor") not in rows:
-        env = {"VLLM_XPU_MEMFIX_DROP_PAGE_CACHE": "on"}
-        if vocab_case() is not None:
-            env["VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES"] = "off"
-        rows[case, "floor"] = ready_row(serve, model, tmp_path, case, "on", **env)
+    env = {"VLLM_XPU_MEMFIX_DROP_PAGE_CACHE": "on"}
+    if vocab_case() is not None:
+        env["VLLM_XPU_MEMFIX_RELEASE_VOCAB_COPIES"] = "off"
+    fill_rows(rows, model, tmp_path, [(case, "on")], **env)
     return case, rows[case, "floor"]
 
 
 def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output(
-    serve, one_b_model, tmp_path, ready_rows
+    one_b_model, tmp_path, ready_rows
 ):
     """Fix on with the vocab copies kept is the plain gc + trim floor of the issue; dropping
     them saves the two dead vocab x hidden matrices on top, and greedy decoding is unchanged
@@ -192,10 +208,10 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
 
     if vocab_case() is None:
         pytest.skip(f"vLLM prepacks neither bf16 nor float32 on this CPU ({cpu_features()})")
-    case, floor = floor_row(ready_rows, serve, one_b_model, tmp_path)
+    case, floor = floor_row(ready_rows, one_b_model, tmp_path)
     itemsize = VOCAB_DTYPE[case].itemsize
     matrix_mib = ONE_B.vocab_size * ONE_B.hidden_size * itemsize / MiB
-    dropped = cached_row(ready_rows, serve, one_b_model, tmp_path, case, "on")
+    dropped = cached_row(ready_rows, one_b_model, tmp_path, case, "on")
     assert "unused vocab copies released 2" in dropped["log"]
     assert "unused vocab copies" not in floor["log"]
     beyond_floor = (floor["ready"] - dropped["ready"]) / MiB
@@ -211,10 +227,10 @@ def test_dropping_the_unused_vocab_copies_beats_gc_and_trim_and_keeps_the_output
 
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
 def test_drop_page_cache_takes_the_checkpoint_out_of_the_page_cache(
-    serve, one_b_model, tmp_path, ready_rows
+    one_b_model, tmp_path, ready_rows
 ):
     size = sum(p.stat().st_size for p in one_b_model.glob("*.safetensors"))
-    case, dropped = floor_row(ready_rows, serve, one_b_model, tmp_path)
-    loaded = cached_row(ready_rows, serve, one_b_model, tmp_path, case, "on")
+    case, dropped = floor_row(ready_rows, one_b_model, tmp_path)
+    loaded = cached_row(ready_rows, one_b_model, tmp_path, case, "on")
     assert loaded["page_cache"] > 0.5 * size, "loading reads the checkpoint into the cache"
     assert dropped["page_cache"] < 0.05 * size

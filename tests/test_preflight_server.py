@@ -8,6 +8,7 @@ import time
 
 import pytest
 from helpers.hub_standin import Server as HubStandIn
+from helpers.together import Start, ready_and_answered, serve_together
 from hosts import add_igpu, build_host
 from test_hub import recorded_data_bytes
 
@@ -21,36 +22,50 @@ def _preflight_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if "vllm-xpu-memfix preflight:" in line]
 
 
-def test_an_igpu_host_with_a_small_room_serves_on_the_cpu_backend(serve, tiny_model, tmp_path):
+def _exit(server) -> tuple[int, str]:
+    assert server.process is not None
+    return server.process.wait(timeout=240), server.log_text()
+
+
+@pytest.fixture(scope="module")
+def refuse_starts(tiny_model, tmp_path_factory):
+    """The tiny model served under refuse on three machines, two starts at a time: an iGPU
+    host with a 3 GiB room, an unreadable room, and half a GiB of room."""
+    root = tmp_path_factory.mktemp("refuse-starts")
+    igpu = add_igpu(build_host(root / "igpu", [], mem_available_gib=3))
+    unreadable = build_host(root / "unreadable", [])
+    (unreadable / "proc/meminfo").write_text("MemTotal:       1024 kB\n")
+    small = build_host(root / "small", [], mem_available_gib=0.5)
+
+    def start(host, use=ready_and_answered):
+        return Start(tiny_model, {**REFUSE, "VLLM_XPU_MEMFIX_SYSROOT": str(host)}, use)
+
+    starts = {"igpu": start(igpu), "unreadable": start(unreadable), "small": start(small, _exit)}
+    return serve_together(root / "logs", starts)
+
+
+def test_an_igpu_host_with_a_small_room_serves_on_the_cpu_backend(refuse_starts):
     """An iGPU in sysfs and a 3 GiB room: the XPU baseline (3.5 GiB a rank) used to refuse
     this; on vLLM's CPU backend the need is the weights, the 1 GiB KV cache and the
     processes (about 1.3 GiB, startup.cpu_backend), still below 85 % of 3 GiB."""
-    host = add_igpu(build_host(tmp_path / "host", [], mem_available_gib=3))
-    server = serve(tiny_model, env={**REFUSE, "VLLM_XPU_MEMFIX_SYSROOT": str(host)})
-    server.wait_ready()
-    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
-    (line,) = _preflight_lines(server.log_text())
+    completion, log = refuse_starts["igpu"].result()
+    assert completion["usage"]["completion_tokens"] > 0
+    (line,) = _preflight_lines(log)
     assert "FITS on vLLM's CPU backend" in line and "Iris" not in line
 
 
-def test_an_unreadable_room_is_not_judged_and_serves(serve, tiny_model, tmp_path):
-    host = build_host(tmp_path / "host", [])
-    (host / "proc/meminfo").write_text("MemTotal:       1024 kB\n")
-    server = serve(tiny_model, env={**REFUSE, "VLLM_XPU_MEMFIX_SYSROOT": str(host)})
-    server.wait_ready()
-    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
-    (line,) = _preflight_lines(server.log_text())
+def test_an_unreadable_room_is_not_judged_and_serves(refuse_starts):
+    completion, log = refuse_starts["unreadable"].result()
+    assert completion["usage"]["completion_tokens"] > 0
+    (line,) = _preflight_lines(log)
     assert "NOT JUDGED on vLLM's CPU backend: host room unreadable" in line
 
 
-def test_a_refusal_is_one_error_record_and_a_clean_exit(serve, tiny_model, tmp_path):
+def test_a_refusal_is_one_error_record_and_a_clean_exit(refuse_starts):
     """Half a GiB of room cannot hold the 1 GiB KV cache: refuse stops the API server
     before EngineCore starts, with one ERROR record and exit status 1, no traceback."""
-    host = build_host(tmp_path / "host", [], mem_available_gib=0.5)
-    server = serve(tiny_model, env={**REFUSE, "VLLM_XPU_MEMFIX_SYSROOT": str(host)})
-    assert server.process is not None
-    assert server.process.wait(timeout=240) == 1
-    log = server.log_text()
+    code, log = refuse_starts["small"].result()
+    assert code == 1
     (line,) = _preflight_lines(log)
     assert " ERROR " in line and "stopped by VLLM_XPU_MEMFIX_PREFLIGHT=refuse" in line
     assert "first remedy a smaller VLLM_CPU_KVCACHE_SPACE" in line

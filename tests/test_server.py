@@ -4,10 +4,14 @@ entry point in real API-server, EngineCore and worker processes."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import time
 
 import pytest
 from helpers import plugin_records
+from helpers.together import Start, ready_and_answered, serve_together
 
 from vllm_xpu_memfix.cli.demo.tiny_model import parameter_bytes
 from vllm_xpu_memfix.core.log import CUT_MARK, LIMIT
@@ -90,50 +94,19 @@ def test_plugin_loads_in_every_process_and_server_still_serves(serve, small_mode
     assert max(cheap) < 0.01, f"ledger cost per phase (s): {costs}"
 
 
-def test_master_switch_off_applies_no_patch(serve, tiny_model):
-    server = serve(tiny_model, env={"VLLM_XPU_MEMFIX": "0"})
-    server.wait_ready()
-    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
-    log = server.log_text()
-    assert len(re.findall(r"vllm-xpu-memfix \S+ disabled by VLLM_XPU_MEMFIX=0", log)) >= 3
-    assert "registered" not in "".join(
-        line for line in log.splitlines() if "vllm-xpu-memfix" in line
-    )
-    assert "load_model took" not in log
-
-
-def test_plugin_allow_list_without_it_keeps_it_out(serve, tiny_model):
-    server = serve(tiny_model, env={"VLLM_PLUGINS": "some_other_plugin"})
-    server.wait_ready()
-    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
-    assert "vllm-xpu-memfix" not in server.log_text()
-
-
-def test_invalid_switch_turns_its_fix_off_with_a_clear_error_and_vllm_serves(serve, tiny_model):
-    """A bad value stops nothing (issue 52, item 4): that fix is off, named in an ERROR."""
-    server = serve(tiny_model, env={"VLLM_XPU_MEMFIX_LEDGER": "sometimes"})
-    server.wait_ready()
-    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
-    log = server.log_text()
-    assert (
-        "VLLM_XPU_MEMFIX_LEDGER='sometimes' is not valid; accepted values: auto, on, off; "
-        "turned off: ledger" in log
-    )
-    registered = [line for line in log.splitlines() if " registered (pid=" in line]
-    assert registered and all("off: ledger" in line for line in registered)
-
-
-def _bad_paths(tmp_path):
+@pytest.fixture(scope="module")
+def bad_paths(tmp_path_factory):
     """Each kind of path a switch cannot use, two starts' worth: a home that does not exist,
     a component too long for the filesystem, a file where a directory is wanted, a path
     under a file, and no permission. Root may write anywhere DAC protects, so the last is
     /proc/sys, which refuses even root (access(2) says so; mkdir there fails)."""
-    afile = tmp_path / "afile"
+    root = tmp_path_factory.mktemp("bad-paths")
+    afile = root / "afile"
     afile.write_text("not a directory\n")
     return [
         {
             "VLLM_XPU_MEMFIX_LEDGER_DIR": "~nouser-memfix/ledger",
-            "VLLM_XPU_MEMFIX_LOCK_DIR": str(tmp_path / ("x" * 300)),
+            "VLLM_XPU_MEMFIX_LOCK_DIR": str(root / ("x" * 300)),
             "VLLM_XPU_MEMFIX_SYSROOT": str(afile),
         },
         {
@@ -143,16 +116,71 @@ def _bad_paths(tmp_path):
     ]
 
 
+@pytest.fixture(scope="module")
+def oom_paths(tmp_path_factory):
+    """A host whose kernel counted 5 OOM kills, and a ledger directory."""
+    from hosts import build_host
+
+    root = tmp_path_factory.mktemp("oom")
+    host = build_host(root / "host", [])
+    (host / "proc/vmstat").write_text("oom_kill 5\n")
+    return host, root / "ledger"
+
+
+@pytest.fixture(scope="module")
+def switch_starts(tiny_model, bad_paths, oom_paths, tmp_path_factory):
+    """The tiny model served with each switch setting below, and the start whose worker is
+    killed, two starts at a time: each test reads only its own start's answer and log."""
+    envs = {
+        "master-off": {"VLLM_XPU_MEMFIX": "0"},
+        "allow-list": {"VLLM_PLUGINS": "some_other_plugin"},
+        "invalid": {"VLLM_XPU_MEMFIX_LEDGER": "sometimes"},
+        "bad-0": bad_paths[0],
+        "bad-1": bad_paths[1],
+    }
+    starts = {name: Start(tiny_model, env, ready_and_answered) for name, env in envs.items()}
+    host, ledger_dir = oom_paths
+    oom_env = {"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)}
+    starts["oom-kill"] = Start(tiny_model, oom_env, _kill_the_worker(host, ledger_dir))
+    return serve_together(tmp_path_factory.mktemp("switch-starts"), starts)
+
+
+def test_master_switch_off_applies_no_patch(switch_starts):
+    completion, log = switch_starts["master-off"].result()
+    assert completion["usage"]["completion_tokens"] > 0
+    assert len(re.findall(r"vllm-xpu-memfix \S+ disabled by VLLM_XPU_MEMFIX=0", log)) >= 3
+    assert "registered" not in "".join(
+        line for line in log.splitlines() if "vllm-xpu-memfix" in line
+    )
+    assert "load_model took" not in log
+
+
+def test_plugin_allow_list_without_it_keeps_it_out(switch_starts):
+    completion, log = switch_starts["allow-list"].result()
+    assert completion["usage"]["completion_tokens"] > 0
+    assert "vllm-xpu-memfix" not in log
+
+
+def test_invalid_switch_turns_its_fix_off_with_a_clear_error_and_vllm_serves(switch_starts):
+    """A bad value stops nothing (issue 52, item 4): that fix is off, named in an ERROR."""
+    completion, log = switch_starts["invalid"].result()
+    assert completion["usage"]["completion_tokens"] > 0
+    assert (
+        "VLLM_XPU_MEMFIX_LEDGER='sometimes' is not valid; accepted values: auto, on, off; "
+        "turned off: ledger" in log
+    )
+    registered = [line for line in log.splitlines() if " registered (pid=" in line]
+    assert registered and all("off: ledger" in line for line in registered)
+
+
 @pytest.mark.parametrize("which", [0, 1], ids=["home-long-file", "no-permission-under-file"])
-def test_no_bad_path_stops_vllm_and_each_is_one_error(serve, tiny_model, tmp_path, which):
+def test_no_bad_path_stops_vllm_and_each_is_one_error(switch_starts, bad_paths, which):
     """Issue 59: any path a switch cannot use turns its fixes off with one ERROR, logged by
     the process that starts vLLM only (not again by EngineCore and the worker), and vLLM
     serves. Several switches are bad at once to share one start."""
-    bad = _bad_paths(tmp_path)[which]
-    server = serve(tiny_model, env=bad)
-    server.wait_ready()
-    assert server.complete("Hello", max_tokens=2)["usage"]["completion_tokens"] > 0
-    log = server.log_text()
+    bad = bad_paths[which]
+    completion, log = switch_starts[f"bad-{which}"].result()
+    assert completion["usage"]["completion_tokens"] > 0
     assert "Traceback" not in log
     for name in bad:
         errors = [line for line in log.splitlines() if f"vllm-xpu-memfix: {name}=" in line]
@@ -202,41 +230,39 @@ def test_the_api_server_logs_exactly_one_preflight_line(default_start):
     assert "FITS on vLLM's CPU backend" in lines[0] and "KV cache 1.0 GiB" in lines[0]
 
 
+def _kill_the_worker(host, ledger_dir):
+    """The ``use`` of the OOM start: once the worker wrote its first ledger row, the kernel's
+    counter rises (as the OOM killer's would) and the worker is SIGKILLed; the API server's
+    exit follows. Returns the worker's pid and the log."""
+
+    def use(server):
+        assert server.process is not None
+        deadline = time.monotonic() + 240
+        worker = None
+        while worker is None and time.monotonic() < deadline and server.process.poll() is None:
+            for path in ledger_dir.glob("ledger-*.jsonl"):
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+                if rows and rows[0]["role"].startswith("worker"):
+                    worker = rows[0]["pid"]
+            time.sleep(0.2)
+        assert worker is not None, server.log_text()[-3000:]
+        (host / "proc/vmstat").write_text("oom_kill 6\n")
+        os.kill(worker, signal.SIGKILL)
+        server.process.wait(timeout=180)
+        return worker, server.log_text()
+
+    return use
+
+
 def test_a_worker_killed_at_start_up_with_oom_kill_risen_is_named_with_its_phase(
-    serve, tiny_model, tmp_path
+    switch_starts, oom_paths
 ):
-    import os
-    import signal
-    import time
-
-    from hosts import build_host
-
-    host = build_host(tmp_path / "host", [])
-    (host / "proc/vmstat").write_text("oom_kill 5\n")
-    ledger_dir = tmp_path / "ledger"
-    server = serve(
-        tiny_model,
-        env={"VLLM_XPU_MEMFIX_SYSROOT": str(host), "VLLM_XPU_MEMFIX_LEDGER_DIR": str(ledger_dir)},
-    )
-    assert server.process is not None
-    deadline = time.monotonic() + 240
-    worker = None
-    while worker is None and time.monotonic() < deadline and server.process.poll() is None:
-        for path in ledger_dir.glob("ledger-*.jsonl"):
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line]
-            if rows and rows[0]["role"].startswith("worker"):
-                worker = rows[0]["pid"]
-        time.sleep(0.2)
-    assert worker is not None, server.log_text()[-3000:]
-    (host / "proc/vmstat").write_text("oom_kill 6\n")  # what the kernel's counter would do
-    os.kill(worker, signal.SIGKILL)
-    server.process.wait(timeout=180)
-    log = server.log_text()
+    worker, log = switch_starts["oom-kill"].result()
     (line,) = [line for line in log.splitlines() if "OOM killer acted" in line]
     assert "oom_kill 5 -> 6" in line and f"pid={worker} after phase" in line
     recorded = [
         json.loads(text)
-        for path in ledger_dir.glob("ledger-*.jsonl")
+        for path in oom_paths[1].glob("ledger-*.jsonl")
         for text in path.read_text().splitlines()
     ]
     assert any(r["phase"] == "killed by the OOM killer" for r in recorded)
